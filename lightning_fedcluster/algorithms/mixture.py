@@ -1,0 +1,82 @@
+"""E-step math shared by the soft-clustering algorithms (FedRC, FedEM): plain tensors only.
+
+Shapes: ``losses`` is [N, K] (per-sample loss of every cluster model), ``labels`` is [N],
+``log_omega`` is [K] (a client's log mixture weights), ``log_label_stats`` is [C, K]
+(log C_{y,k}; ``None`` for FedEM, where C is constant). Everything runs in log space so that
+large losses never underflow a weight to exactly zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LABEL_STATS_FLOOR = 1e-8
+
+
+def responsibilities(
+    losses: Tensor, labels: Tensor, log_omega: Tensor, log_label_stats: Tensor | None = None
+) -> Tensor:
+    """Log responsibilities log γ_{j;k} = log_softmax_k(log ω_k − f_jk − log C_{y_j,k}). Returns [N, K]."""
+    scores = log_omega.to(losses.dtype).unsqueeze(0) - losses
+    if log_label_stats is not None:
+        scores = scores - log_label_stats.to(losses.dtype)[labels]
+    return torch.log_softmax(scores, dim=1)
+
+
+def mixture_from_responsibilities(log_gamma: Tensor) -> Tensor:
+    """ω_k = (1/N) Σ_j γ_{j;k}, returned as log ω (exact in log space). Returns [K]."""
+    n = log_gamma.shape[0]
+    return torch.logsumexp(log_gamma, dim=0) - torch.log(torch.tensor(float(n), dtype=log_gamma.dtype))
+
+
+def label_sums(gamma: Tensor, labels: Tensor, num_classes: int) -> Tensor:
+    """S_{y,k} = Σ_{j: y_j = y} γ_{j;k}: the client's label statistics sent to the server. [C, K]."""
+    sums = torch.zeros(num_classes, gamma.shape[1], dtype=gamma.dtype, device=gamma.device)
+    return sums.index_add_(0, labels, gamma)
+
+
+def label_statistics(client_label_sums: Tensor, floor: float = LABEL_STATS_FLOOR) -> Tensor:
+    """Server C_{y,k} = Σ_i S_{i,y,k} / Σ_i Σ_y' S_{i,y',k}, floored at ``floor``. Input [M, C, K] or [C, K].
+
+    A cluster with no mass at all gets the uniform label distribution.
+    """
+    total = client_label_sums.sum(dim=0) if client_label_sums.dim() == 3 else client_label_sums
+    column = total.sum(dim=0, keepdim=True)
+    uniform = torch.full_like(total, 1.0 / total.shape[0])
+    stats = torch.where(column > 0, total / column.clamp_min(torch.finfo(total.dtype).tiny), uniform)
+    return stats.clamp_min(floor)
+
+
+def iterate_mixture(
+    losses: Tensor,
+    labels: Tensor,
+    log_label_stats: Tensor | None = None,
+    *,
+    max_iterations: int = 200,
+    tolerance: float = 1e-6,
+) -> Tensor:
+    """Mixture weights of a client that took no part in training: repeat the E-step from ω = 1/K
+    until ω changes by less than ``tolerance`` (max-abs). Returns ω [K] (not log)."""
+    k = losses.shape[1]
+    log_omega = torch.full((k,), -torch.log(torch.tensor(float(k))).item(), dtype=losses.dtype)
+    log_omega = log_omega.to(losses.device)
+    for _ in range(max_iterations):
+        new = mixture_from_responsibilities(responsibilities(losses, labels, log_omega, log_label_stats))
+        change = (new.exp() - log_omega.exp()).abs().max()
+        log_omega = new
+        if change < tolerance:
+            break
+    return log_omega.exp()
+
+
+def mixture_probabilities(probs: Tensor, omega: Tensor) -> Tensor:
+    """p(y|x) = Σ_k ω_k p_k(y|x). ``probs`` is [K, N, C]; ``omega`` is [K]. Returns [N, C]."""
+    return torch.einsum("knc,k->nc", probs, omega.to(probs.dtype))
+
+
+def hard_weights(omega: Tensor) -> Tensor:
+    """One-hot of argmax_k ω (lowest index on ties): the paper's hard-clustering prediction."""
+    out = torch.zeros_like(omega)
+    out[torch.argmax(omega)] = 1.0
+    return out

@@ -1,0 +1,72 @@
+"""The round schedule: which clients take part in round t, how many local steps each runs,
+and which process simulates which client. A pure function of (seed, round), so every process
+and every resumed run agrees without communication."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def derive_seed(*parts: int) -> int:
+    """A well-mixed 63-bit seed from integers (seed, round, client, ...)."""
+    state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)
+    return int(state[0] >> np.uint64(1))
+
+
+@dataclass(frozen=True)
+class RoundSchedule:
+    """``steps_per_client`` [M]: local SGD steps of each client when it takes part."""
+
+    num_clients: int
+    clients_per_round: int
+    steps_per_client: Tensor
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.clients_per_round <= self.num_clients:
+            raise ValueError(
+                f"clients_per_round={self.clients_per_round} must be between 1 and the number of clients "
+                f"({self.num_clients}): lower clients_per_round or give the datamodule more clients"
+            )
+
+    def clients(self, round_index: int) -> Tensor:
+        """Sorted ids of the round's clients: a seeded sample without replacement."""
+        if self.clients_per_round == self.num_clients:
+            return torch.arange(self.num_clients)
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_index, 0x5EED))
+        chosen = torch.randperm(self.num_clients, generator=generator)[: self.clients_per_round]
+        return chosen.sort().values
+
+    def items_per_rank(self, world_size: int) -> int:
+        """Fixed number of work items every process yields each round (ranks must agree: DDP)."""
+        per_rank_clients = math.ceil(self.clients_per_round / world_size)
+        return per_rank_clients * int(self.steps_per_client.max())
+
+    def assignment(self, round_index: int, world_size: int) -> list[list[tuple[int, int]]]:
+        """(slot, client) pairs per rank; slot is the client's position in ``clients(round)``.
+
+        Clients are dealt round-robin in order of decreasing step count, which bounds every
+        rank by ``items_per_rank``.
+        """
+        clients = self.clients(round_index)
+        steps = self.steps_per_client[clients]
+        order = sorted(range(len(clients)), key=lambda s: (-int(steps[s]), s))
+        per_rank: list[list[tuple[int, int]]] = [[] for _ in range(world_size)]
+        for position, slot in enumerate(order):
+            per_rank[position % world_size].append((slot, int(clients[slot])))
+        return per_rank
+
+
+def local_steps_per_client(
+    train_sizes: Tensor, batch_size: int, local_steps: int | None, local_epochs: int | None
+) -> Tensor:
+    """Local steps for each client: a fixed count, or ``local_epochs`` passes over its data."""
+    if local_steps is not None:
+        return torch.full_like(train_sizes, local_steps)
+    assert local_epochs is not None
+    return local_epochs * torch.div(train_sizes + batch_size - 1, batch_size, rounding_mode="floor")

@@ -1,0 +1,46 @@
+"""Reference classifiers: ordinary LightningModules, as a user would write them. The engine
+uses only their ``forward`` (logits) and ``configure_optimizers``; their ``training_step`` is
+there so they also train on their own with a plain Trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MLPClassifier(pl.LightningModule):
+    """A multilayer perceptron on flat inputs (e.g. scikit-learn digits: 64 features, 10 classes)."""
+
+    def __init__(self, in_features: int = 64, num_classes: int = 10, hidden: Sequence[int] = (128,),
+                 lr: float = 0.1, momentum: float = 0.0) -> None:
+        super().__init__()
+        if in_features < 1 or num_classes < 2 or any(h < 1 for h in hidden):
+            raise ValueError(
+                f"MLPClassifier needs in_features >= 1, num_classes >= 2 and positive hidden sizes, got "
+                f"in_features={in_features}, num_classes={num_classes}, hidden={tuple(hidden)}"
+            )
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        self.save_hyperparameters()
+        sizes = [in_features, *hidden]
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        layers.append(nn.Linear(sizes[-1], num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x.flatten(1))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)

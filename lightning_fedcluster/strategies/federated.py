@@ -1,0 +1,100 @@
+"""FederatedStrategy: Lightning's DDP process machinery without the DDP model wrapper.
+
+DDP would all-reduce the gradients of different clients and broadcast buffers every step;
+federated learning instead averages whole client updates once per round, which the
+ClusteredModule does through ``strategy.reduce``. One class serves 1..N processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
+
+from lightning_fedcluster.algorithms.schedule import RoundSchedule, local_steps_per_client
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+class FederatedStrategy(DDPStrategy):
+    """Base of every clustered-FL strategy: the round schedule and the engine's process setup.
+
+    Args:
+        num_clusters: K, the number of cluster models.
+        clients_per_round: clients sampled per round (seeded by ``seed`` and the round); None = all.
+        local_steps: local SGD steps per client and round (default 5 when ``local_epochs`` is None).
+        local_epochs: alternatively, passes over each client's data per round.
+        server_lr: η_g, the server step applied to the averaged update.
+        seed: drives client sampling, cluster-model initialisation and local minibatch order.
+        kwargs: passed to Lightning's DDPStrategy (e.g. ``start_method``, ``process_group_backend``).
+    """
+
+    strategy_name = "federated"
+
+    def __init__(
+        self,
+        num_clusters: int = 1,
+        *,
+        clients_per_round: int | None = None,
+        local_steps: int | None = None,
+        local_epochs: int | None = None,
+        server_lr: float = 1.0,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        _positive_int("num_clusters", num_clusters)
+        _positive_int("clients_per_round", clients_per_round, allow_none=True)
+        _positive_int("local_steps", local_steps, allow_none=True)
+        _positive_int("local_epochs", local_epochs, allow_none=True)
+        if local_steps is not None and local_epochs is not None:
+            raise ValueError("give either local_steps or local_epochs, not both")
+        if not server_lr > 0:
+            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
+        super().__init__(**kwargs)
+        self.num_clusters = num_clusters
+        self.clients_per_round = clients_per_round
+        self.local_steps = 5 if local_steps is None and local_epochs is None else local_steps
+        self.local_epochs = local_epochs
+        self.server_lr = server_lr
+        self.seed = seed
+        self._schedule: tuple[int, RoundSchedule] | None = None
+
+    @property
+    def algorithm(self) -> Any:
+        """The algorithm's rule object (pure tensor math from ``lightning_fedcluster.algorithms``)."""
+        raise NotImplementedError(f"{type(self).__name__} must define its algorithm")
+
+    def round_schedule(self, datamodule: Any) -> RoundSchedule:
+        """The round schedule for ``datamodule`` (cached per datamodule)."""
+        if self._schedule is None or self._schedule[0] != id(datamodule):
+            steps = local_steps_per_client(
+                datamodule.train_sizes, datamodule.batch_size, self.local_steps, self.local_epochs
+            )
+            cpr = datamodule.num_clients if self.clients_per_round is None else self.clients_per_round
+            self._schedule = (id(datamodule), RoundSchedule(datamodule.num_clients, cpr, steps, self.seed))
+        return self._schedule[1]
+
+    def connect(self, model: pl.LightningModule) -> None:
+        """Wrap a plain LightningModule into K cluster copies; use a ClusteredModule as it is."""
+        from lightning_fedcluster.module import ClusteredModule
+
+        if not isinstance(model, ClusteredModule):
+            trainer = getattr(model, "_trainer", None)  # attached by trainer.fit before connect
+            model = ClusteredModule(model, self.num_clusters, seed=self.seed)
+            model.trainer = trainer
+        super().connect(model)
+
+    def configure_ddp(self) -> None:
+        """Keep the plain module (no DistributedDataParallel) and start all ranks from rank 0's weights."""
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            with torch.no_grad():
+                for tensor in self.model.state_dict().values():
+                    dist.broadcast(tensor, src=0)
