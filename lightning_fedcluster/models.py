@@ -15,8 +15,14 @@ from torch import Tensor, nn
 class MLPClassifier(pl.LightningModule):
     """A multilayer perceptron on flat inputs (e.g. scikit-learn digits: 64 features, 10 classes)."""
 
-    def __init__(self, in_features: int = 64, num_classes: int = 10, hidden: Sequence[int] = (128,),
-                 lr: float = 0.1, momentum: float = 0.0) -> None:
+    def __init__(
+        self,
+        in_features: int = 64,
+        num_classes: int = 10,
+        hidden: Sequence[int] = (128,),
+        lr: float = 0.1,
+        momentum: float = 0.0,
+    ) -> None:
         super().__init__()
         if in_features < 1 or num_classes < 2 or any(h < 1 for h in hidden):
             raise ValueError(

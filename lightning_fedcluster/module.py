@@ -25,7 +25,7 @@ from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import ClientReport
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
-from lightning_fedcluster.algorithms.schedule import derive_seed
+from lightning_fedcluster.algorithms.schedule import check_positive_int, derive_seed
 from lightning_fedcluster.datamodules.loaders import GLOBAL, NO_CLIENT
 from lightning_fedcluster.metrics.clustering import concept_ari
 
@@ -113,8 +113,7 @@ class ClusteredModule(pl.LightningModule):
         self, module: nn.Module, num_clusters: int = 1, *, seed: int = 0, eval_batch_size: int = 4096
     ) -> None:
         super().__init__()
-        if not isinstance(num_clusters, int) or num_clusters < 1:
-            raise ValueError(f"num_clusters must be an integer >= 1, got {num_clusters!r}")
+        check_positive_int("num_clusters", num_clusters)
         if not isinstance(module, pl.LightningModule):
             raise TypeError(
                 f"module must be a LightningModule (with forward and configure_optimizers), got "

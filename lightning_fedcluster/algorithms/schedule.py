@@ -12,6 +12,14 @@ import torch
 from torch import Tensor
 
 
+def check_positive_int(name: str, value: object, allow_none: bool = False) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is an int >= 1 (bools are not counts)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 def derive_seed(*parts: int) -> int:
     """A well-mixed 63-bit seed from integers (seed, round, client, ...)."""
     state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)

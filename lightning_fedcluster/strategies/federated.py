@@ -14,14 +14,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 
-from lightning_fedcluster.algorithms.schedule import RoundSchedule, local_steps_per_client
-
-
-def _positive_int(name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+from lightning_fedcluster.algorithms.schedule import RoundSchedule, check_positive_int, local_steps_per_client
 
 
 class FederatedStrategy(DDPStrategy):
@@ -50,12 +43,14 @@ class FederatedStrategy(DDPStrategy):
         seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        _positive_int("num_clusters", num_clusters)
-        _positive_int("clients_per_round", clients_per_round, allow_none=True)
-        _positive_int("local_steps", local_steps, allow_none=True)
-        _positive_int("local_epochs", local_epochs, allow_none=True)
+        check_positive_int("num_clusters", num_clusters)
+        check_positive_int("clients_per_round", clients_per_round, allow_none=True)
+        check_positive_int("local_steps", local_steps, allow_none=True)
+        check_positive_int("local_epochs", local_epochs, allow_none=True)
         if local_steps is not None and local_epochs is not None:
             raise ValueError("give either local_steps or local_epochs, not both")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         super().__init__(**kwargs)

@@ -1,0 +1,30 @@
+"""Shared helpers for the engine tests: a quiet CPU trainer factory."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+    logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def make_trainer(strategy, max_epochs: int, **overrides) -> pl.Trainer:
+    """A CPU, one-process trainer with no progress bar; logging and checkpoints off unless asked."""
+    options = dict(
+        strategy=strategy, accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    options.update(overrides)
+    return pl.Trainer(**options)
+
+
+@pytest.fixture
+def trainer_factory():
+    return make_trainer

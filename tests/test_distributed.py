@@ -1,0 +1,47 @@
+"""Two real gloo processes on CPU (Lightning's subprocess launcher) against one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_digits.py"
+ROOT = Path(__file__).parent.parent
+DISTRIBUTED_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
+                         "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+
+
+def _run(devices: int, out: Path) -> None:
+    # Same thread count per process in both runs: GEMM results depend on it.
+    # Drop the rendezvous variables that in-process trainers of this test session exported.
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--devices", str(devices), "--rounds", "3", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(tmp_path):
+    _run(1, tmp_path / "one")
+    _run(2, tmp_path / "two")
+    one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
+    for key, value in one["weights"].items():
+        assert torch.equal(value, two["weights"][key]), key
+    for key, value in one["client_state"].items():
+        assert torch.equal(value, two["client_state"][key]), key
+
+    def clients(path: Path) -> set[tuple[int, int]]:
+        return {tuple(pair) for pair in json.loads(path.read_text())}
+
+    rank0 = clients(tmp_path / "two" / "clients_rank0.json")
+    rank1 = clients(tmp_path / "two" / "clients_rank1.json")
+    assert rank0 and rank1 and not rank0 & rank1  # both processes worked, never on the same client
+    assert rank0 | rank1 == clients(tmp_path / "one" / "clients_rank0.json")
+    assert len(rank0 | rank1) == 3 * 10  # 3 rounds x 10 clients
