@@ -25,7 +25,7 @@ from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import ClientReport
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
-from lightning_fedcluster.algorithms.schedule import check_positive_int, derive_seed
+from lightning_fedcluster.algorithms.schedule import check_positive_int, check_seed, derive_seed
 from lightning_fedcluster.datamodules.loaders import GLOBAL, NO_CLIENT
 from lightning_fedcluster.metrics.clustering import concept_ari
 
@@ -114,6 +114,7 @@ class ClusteredModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         check_positive_int("num_clusters", num_clusters)
+        check_seed(seed)
         if not isinstance(module, pl.LightningModule):
             raise TypeError(
                 f"module must be a LightningModule (with forward and configure_optimizers), got "

@@ -122,3 +122,11 @@ def test_diverging_training_names_the_round_client_and_local_step():
     trainer = make_trainer(FedRCStrategy(1, local_steps=2), max_epochs=2)
     with pytest.raises(FloatingPointError, match=r"round 0 at client 0 at local step 0"):
         trainer.fit(InfiniteTrainingLoss(), datamodule=dm)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.0, None])
+def test_seed_must_fit_the_seed_mixer(seed):
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        FedRCStrategy(3, seed=seed)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        ClusteredModule(MLPClassifier(), num_clusters=2, seed=seed)

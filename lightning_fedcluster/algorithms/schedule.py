@@ -20,6 +20,12 @@ def check_positive_int(name: str, value: object, allow_none: bool = False) -> No
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def check_seed(seed: object) -> None:
+    """Seeds feed 32-bit seed mixing: reject anything outside [0, 2**32) instead of aliasing it."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+
+
 def derive_seed(*parts: int) -> int:
     """A well-mixed 63-bit seed from integers (seed, round, client, ...)."""
     state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)

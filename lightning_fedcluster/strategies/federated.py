@@ -14,7 +14,12 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 
-from lightning_fedcluster.algorithms.schedule import RoundSchedule, check_positive_int, local_steps_per_client
+from lightning_fedcluster.algorithms.schedule import (
+    RoundSchedule,
+    check_positive_int,
+    check_seed,
+    local_steps_per_client,
+)
 
 
 class FederatedStrategy(DDPStrategy):
@@ -49,8 +54,7 @@ class FederatedStrategy(DDPStrategy):
         check_positive_int("local_epochs", local_epochs, allow_none=True)
         if local_steps is not None and local_epochs is not None:
             raise ValueError("give either local_steps or local_epochs, not both")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-            raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+        check_seed(seed)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         super().__init__(**kwargs)
