@@ -252,10 +252,11 @@ class ClusteredModule(pl.LightningModule):
         return loss
 
     @torch.no_grad()
-    def evaluate_clusters(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """One no-grad pass of every cluster model over (x, y) in large batches, in eval mode.
+    def evaluate_clusters(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
+        """One no-grad pass of every cluster model over x in large batches, in eval mode.
 
-        Returns per-sample losses [N, K] and class probabilities [K, N, C].
+        Returns per-sample losses [N, K] (None when no labels are given: prediction only) and
+        class probabilities [K, N, C].
         """
         losses, probs = [], []
         for k, model in enumerate(self.models):
@@ -263,14 +264,17 @@ class ClusteredModule(pl.LightningModule):
             model.eval()
             loss_k, prob_k = [], []
             for start in range(0, x.shape[0], self.eval_batch_size):
-                xb, yb = x[start : start + self.eval_batch_size], y[start : start + self.eval_batch_size]
+                stop = start + self.eval_batch_size
+                xb = x[start:stop]
                 logits = model(xb)
-                loss_k.append(self.per_sample_loss(k, xb, yb, logits))
+                if y is not None:
+                    loss_k.append(self.per_sample_loss(k, xb, y[start:stop], logits))
                 prob_k.append(torch.softmax(logits.float(), dim=1))
             model.train(was_training)
-            losses.append(torch.cat(loss_k))
+            if y is not None:
+                losses.append(torch.cat(loss_k))
             probs.append(torch.cat(prob_k))
-        return torch.stack(losses, dim=1), torch.stack(probs)
+        return (torch.stack(losses, dim=1) if y is not None else None), torch.stack(probs)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits of every cluster model, shape [K, N, C]."""
@@ -286,7 +290,7 @@ class ClusteredModule(pl.LightningModule):
     @torch.no_grad()
     def predict_proba(self, x: Tensor, omega: Tensor) -> Tensor:
         """p(y|x) of a client with mixture weights ω (hard or soft, as the algorithm predicts)."""
-        probs = torch.stack([torch.softmax(m(x.to(self.device)).float(), dim=1) for m in self.models])
+        _, probs = self.evaluate_clusters(x.to(self.device))
         return mixture_probabilities(probs, self.rule.prediction_weights(omega.to(self.device)))
 
     def _current_label_stats(self) -> Tensor | None:
@@ -478,7 +482,7 @@ class ClusteredModule(pl.LightningModule):
             omega = self.rule.unseen_client_mixture(losses, y, self._eval_label_stats)
         else:
             x, y = self._split("test", item["index"])
-            _, probs = self.evaluate_clusters(x, y)
+            _, probs = self.evaluate_clusters(x)
             omega = self.client_state.omega[item["index"]].to(self.device)
         predicted = mixture_probabilities(probs, self.rule.prediction_weights(omega)).argmax(1)
         correct, total = (predicted == y).sum().double(), float(y.shape[0])
