@@ -50,3 +50,48 @@ class MLPClassifier(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
+
+
+class FashionCNN(pl.LightningModule):
+    """The FedRC/FedEM papers' FashionMNIST network: conv(32, 5×5) → pool → conv(64, 5×5) → pool →
+    fc 2048 → logits. Works for any square grayscale or colour input of side ``image_size``."""
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        image_size: int = 28,
+        lr: float = 0.01,
+        momentum: float = 0.0,
+    ) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if num_classes < 2 or in_channels < 1 or side < 1:
+            raise ValueError(
+                f"FashionCNN needs num_classes >= 2, in_channels >= 1 and image_size >= 16, got "
+                f"num_classes={num_classes}, in_channels={in_channels}, image_size={image_size}"
+            )
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        self.save_hyperparameters()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(64 * side * side, 2048), nn.ReLU(), nn.Linear(2048, num_classes)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 3:  # [N, H, W] grayscale
+            x = x.unsqueeze(1)
+        return self.classifier(self.features(x))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)

@@ -11,8 +11,11 @@ weights, label statistics) come from the strategy's rule object in ``algorithms/
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,8 @@ from lightning_fedcluster.datamodules.loaders import GLOBAL, NO_CLIENT
 from lightning_fedcluster.metrics.clustering import concept_ari
 
 CHECKPOINT_KEY = "fedcluster_client_state"
+# Cumulative wall time per engine phase, in ``ClusteredModule.phase_seconds``.
+PHASES = ("e_step", "local_training", "aggregation", "evaluation")
 
 
 def _independent_copies(module: nn.Module, num_clusters: int, seed: int) -> list[nn.Module]:
@@ -133,6 +138,20 @@ class ClusteredModule(pl.LightningModule):
         self._resident: dict[str, Tensor] | None = None
         self._log_label_stats: Tensor | None = None
         self._run: _ClientRun | None = None
+        self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to ``phase_seconds[phase]`` (for benchmarks' breakdowns)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.phase_seconds[phase] += time.perf_counter() - start
 
     @property
     def num_clusters(self) -> int:
@@ -315,10 +334,13 @@ class ClusteredModule(pl.LightningModule):
         if batch["client"] == NO_CLIENT:
             return None
         if batch["step"] == 0:
-            self._start_client(batch)
-        self._local_step(batch)
+            with self._timed("e_step"):
+                self._start_client(batch)
+        with self._timed("local_training"):
+            self._local_step(batch)
         if batch["step"] == batch["num_steps"] - 1:
-            self._finish_client()
+            with self._timed("aggregation"):
+                self._finish_client()
         return None
 
     def _start_client(self, item: dict[str, int]) -> None:
@@ -410,7 +432,8 @@ class ClusteredModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.trainer.is_last_batch:
-            self._end_round()
+            with self._timed("aggregation"):
+                self._end_round()
 
     def _end_round(self) -> None:
         """Sum every process's client updates, apply them, and refresh the client store."""
@@ -426,7 +449,9 @@ class ClusteredModule(pl.LightningModule):
         with torch.no_grad():
             for cluster, (model, global_tensors) in enumerate(zip(self.models, self._global, strict=True)):
                 deltas = [parts.pop(0).view_as(g) for g in global_tensors]
-                apply_weighted_update(global_tensors, deltas, float(round_sums[cluster]))
+                apply_weighted_update(
+                    global_tensors, deltas, float(round_sums[cluster]), self.trainer.strategy.server_lr
+                )
                 for t, g in zip(_state_tensors(model), global_tensors, strict=True):
                     t.copy_(g)
         n, c = len(self._round_clients), self.trainer.datamodule.num_classes
@@ -467,10 +492,12 @@ class ClusteredModule(pl.LightningModule):
         self._eval_label_stats = self._current_label_stats()
 
     def validation_step(self, batch: dict[str, int], batch_idx: int) -> None:
-        self._evaluate_client(batch)
+        with self._timed("evaluation"):
+            self._evaluate_client(batch)
 
     def test_step(self, batch: dict[str, int], batch_idx: int) -> None:
-        self._evaluate_client(batch)
+        with self._timed("evaluation"):
+            self._evaluate_client(batch)
 
     def _evaluate_client(self, item: dict[str, int]) -> None:
         assert self.client_state is not None
