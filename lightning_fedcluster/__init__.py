@@ -2,7 +2,31 @@
 
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.module import ClusteredModule
-from lightning_fedcluster.strategies import FederatedStrategy, FedRCStrategy
+from lightning_fedcluster.strategies import (
+    CFLStrategy,
+    FedAvgStrategy,
+    FedEMStrategy,
+    FederatedStrategy,
+    FedProxStrategy,
+    FedRCStrategy,
+    FedSoftStrategy,
+    FeSEMStrategy,
+    IFCAStrategy,
+    WeCFLStrategy,
+)
 
-__all__ = ["ClusteredModule", "FederatedDataModule", "FederatedStrategy", "FedRCStrategy"]
+__all__ = [
+    "CFLStrategy",
+    "ClusteredModule",
+    "FedAvgStrategy",
+    "FedEMStrategy",
+    "FedProxStrategy",
+    "FedRCStrategy",
+    "FedSoftStrategy",
+    "FeSEMStrategy",
+    "FederatedDataModule",
+    "FederatedStrategy",
+    "IFCAStrategy",
+    "WeCFLStrategy",
+]
 __version__ = "0.1.0"

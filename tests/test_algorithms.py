@@ -8,8 +8,9 @@ import torch
 from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_weighted_update
+from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, Contribution
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.fedrc import ClientReport, FedRC
+from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.mixture import (
     LABEL_STATS_FLOOR,
     hard_weights,
@@ -27,6 +28,18 @@ TIGHT = {"rtol": 1e-12, "atol": 1e-12}
 
 def t(values, dtype=F64) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype)
+
+
+def ctx(omega, num_classes, num_samples=3, client=0) -> ClientContext:
+    omega = torch.as_tensor(omega, dtype=F64)
+    return ClientContext(
+        client=client,
+        round_index=0,
+        num_samples=num_samples,
+        num_classes=num_classes,
+        omega=omega,
+        active=torch.ones(len(omega), dtype=torch.bool),
+    )
 
 
 # --- the running example: 3 samples, 2 clusters, 2 classes --------------------------------------
@@ -262,9 +275,7 @@ def test_hard_weights(omega, expected) -> None:
 
 def test_fedrc_e_step_by_hand() -> None:
     rule = FedRC(num_clusters=2)
-    report = rule.e_step(
-        t(LOSSES, torch.float32), torch.tensor(LABELS), t(OMEGA), t(C_STATS).log(), num_classes=3
-    )
+    report = rule.e_step(t(LOSSES, torch.float32), torch.tensor(LABELS), ctx(OMEGA, 3), t(C_STATS).log())
     assert isinstance(report, ClientReport)
     assert report.gamma.dtype == report.omega.dtype == report.label_sums.dtype == F64
     assert_close(report.gamma, t(GAMMA_FEDRC), **TIGHT)
@@ -276,13 +287,14 @@ def test_fedrc_e_step_by_hand() -> None:
     assert_close(report.gamma, log_gamma.exp(), **TIGHT)
     assert_close(report.omega, mixture_from_responsibilities(log_gamma).exp(), **TIGHT)
     assert_close(report.label_sums, label_sums(log_gamma.exp(), torch.tensor(LABELS), 3), **TIGHT)
-    assert rule.sample_weights(report) is report.gamma
+    plan = rule.local_plan(report, ctx(OMEGA, 3))
+    assert plan.clusters == (0, 1) and torch.equal(plan.sample_weights, report.gamma)
 
 
 def test_fedrc_e_step_without_stats_is_fedem() -> None:
     report = FedRC(num_clusters=2, use_label_stats=False).e_step(
-        t(LOSSES), torch.tensor(LABELS), t(OMEGA), None, num_classes=2
-    )
+        t(LOSSES), torch.tensor(LABELS), ctx(OMEGA, 2), t(C_STATS).log()
+    )  # FedEM ignores C even when one is passed
     assert_close(report.gamma, t(GAMMA_FEDEM), **TIGHT)
     omega0 = (0.8638095285778118 + 0.28849552353518315 + 0.7) / 3
     assert_close(report.omega, t([omega0, 1 - omega0]), **TIGHT)
@@ -293,21 +305,20 @@ def test_fedrc_single_cluster_is_fedavg() -> None:
     losses = t([[0.3], [5.0], [1000.0], [0.0]])
     labels = torch.tensor([1, 0, 1, 1])
     log_c = label_statistics(torch.zeros(0, 2, 1, dtype=F64)).log()
-    report = rule.e_step(losses, labels, t([1.0]), log_c, num_classes=2)
+    report = rule.e_step(losses, labels, ctx([1.0], 2, num_samples=4), log_c)
     assert torch.equal(report.gamma, torch.ones(4, 1, dtype=F64))
     assert_close(report.omega, t([1.0]), **TIGHT)
     assert_close(report.label_sums, t([[1.0], [3.0]]), **TIGHT)  # label counts
-    assert torch.equal(rule.aggregation_weights(4, report), t([4.0]))
+    plan = rule.local_plan(report, ctx([1.0], 2, num_samples=4))
+    assert rule.contributions(report, plan, ctx([1.0], 2, num_samples=4)) == [Contribution(0, 0, 4.0)]
 
 
 def test_fedrc_aggregation_weights_are_client_size_for_every_cluster() -> None:
     rule = FedRC(num_clusters=3)
-    report = rule.e_step(
-        t([[0.1, 2.0, 3.0], [1.0, 0.5, 0.2]]), torch.tensor([0, 1]), t([0.5, 0.3, 0.2]), None, 2
-    )
-    weights = rule.aggregation_weights(7, report)
-    assert weights.dtype == F64
-    assert torch.equal(weights, t([7.0, 7.0, 7.0]))
+    context = ctx([0.5, 0.3, 0.2], 2, num_samples=7)
+    report = rule.e_step(t([[0.1, 2.0, 3.0], [1.0, 0.5, 0.2]]), torch.tensor([0, 1]), context, None)
+    plan = rule.local_plan(report, context)
+    assert rule.contributions(report, plan, context) == [Contribution(k, k, 7.0) for k in range(3)]
 
 
 def test_fedrc_log_label_stats_uses_seen_clients_only() -> None:
@@ -398,8 +409,8 @@ def test_round_one_uniform_gamma_gives_label_prior_and_fedem_e_step() -> None:
     losses = t([[0.2, 1.0, 3.0], [2.5, 0.1, 0.7], [1.0, 1.0, 0.1], [0.4, 0.9, 0.2]])
     labels = torch.tensor([0, 1, 2, 1])
     omega = t([0.5, 0.2, 0.3])
-    fedrc = rule.e_step(losses, labels, omega, stats.log(), num_classes=3)
-    fedem = rule.e_step(losses, labels, omega, None, num_classes=3)
+    fedrc = rule.e_step(losses, labels, ctx(omega, 3, 4), stats.log())
+    fedem = rule.e_step(losses, labels, ctx(omega, 3, 4), None)
     assert_close(fedrc.gamma, fedem.gamma, **TIGHT)
     assert_close(fedrc.omega, fedem.omega, **TIGHT)
     assert_close(fedrc.label_sums, fedem.label_sums, **TIGHT)
@@ -505,7 +516,7 @@ def test_client_state_round_trip() -> None:
     state = ClientState.initial(num_clients=3, num_classes=2, num_clusters=2)
     state.record(torch.tensor([2]), t([[0.25, 0.75]]), t([[[1.0, 0.0], [0.5, 2.0]]]))
     saved = state.state_dict()
-    assert set(saved) == {"omega", "label_sums", "seen"}
+    assert set(saved) == {"omega", "label_sums", "seen", "active"}
     state.record(torch.tensor([0]), t([[0.1, 0.9]]), t([[[9.0, 9.0], [9.0, 9.0]]]))  # after saving
     assert torch.equal(saved["seen"], torch.tensor([False, False, True]))  # the dict holds copies
 

@@ -1,12 +1,15 @@
-"""Per-client state that persists across rounds (ω, label sums, participation): plain tensors.
+"""Per-client state that persists across rounds: plain tensors.
 
-One store for all clients, a few numbers per client, so memory is O(M·K·C) floats and never
-O(M × model). It is checkpointed with the module, so resuming at a round boundary is exact.
+One store for all clients: ω, label sums and participation (a few numbers per client), which
+clusters are still alive, algorithm-specific extras (per-client or per-sample tensors, e.g. the
+γ of FedRC-Adam) and, for FedSoft only, personal models kept on the CPU. Memory is
+O(M·K·C + N·K) floats plus the personal models; it is checkpointed with the module, so resuming
+at a round boundary is exact.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -14,12 +17,20 @@ from torch import Tensor
 
 @dataclass
 class ClientState:
-    """ω [M, K] (mixture weights, float64), label_sums [M, C, K] (latest S_i reported by each
-    client, float64), seen [M] (whether the client has reported at least once)."""
+    """ω [M, K] (mixture weights or one-hot assignments, float64), label_sums [M, C, K] (latest S_i
+    reported by each client), seen [M] (reported at least once), active [K] (cluster alive),
+    extra {name: [M, ...] or [N_total, ...]} and personal {client: flat float32 model}."""
 
     omega: Tensor
     label_sums: Tensor
     seen: Tensor
+    active: Tensor = field(default_factory=lambda: torch.ones(0, dtype=torch.bool))
+    extra: dict[str, Tensor] = field(default_factory=dict)
+    personal: dict[int, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.active.numel() != self.omega.shape[1]:
+            self.active = torch.ones(self.omega.shape[1], dtype=torch.bool)
 
     @classmethod
     def initial(cls, num_clients: int, num_classes: int, num_clusters: int) -> ClientState:
@@ -43,8 +54,32 @@ class ClientState:
         self.label_sums[clients] = label_sums.to(self.label_sums.dtype)
         self.seen[clients] = True
 
+    def remove_clusters(self, remove: Tensor) -> None:
+        """Drop clusters (adaptive K): mark them dead, zero their ω / label-sum / per-sample columns
+        and renormalise every client's ω (and per-sample γ) over the remaining clusters."""
+        keep = self.active & ~remove
+        if not bool(keep.any()):
+            raise ValueError("cannot remove every cluster: at least one must stay active")
+        self.active = keep
+        self.omega = _renormalise(self.omega * keep, keep)
+        self.label_sums = self.label_sums * keep
+        gamma = self.extra.get("gamma")
+        if gamma is not None:
+            self.extra["gamma"] = _renormalise(gamma * keep, keep)
+
     def state_dict(self) -> dict[str, Tensor]:
-        return {"omega": self.omega.clone(), "label_sums": self.label_sums.clone(), "seen": self.seen.clone()}
+        state = {
+            "omega": self.omega.clone(),
+            "label_sums": self.label_sums.clone(),
+            "seen": self.seen.clone(),
+            "active": self.active.clone(),
+        }
+        state.update({f"extra.{name}": value.clone() for name, value in self.extra.items()})
+        if self.personal:
+            ids = sorted(self.personal)
+            state["personal.ids"] = torch.tensor(ids, dtype=torch.long)
+            state["personal.models"] = torch.stack([self.personal[i] for i in ids])
+        return state
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         for name in ("omega", "label_sums", "seen"):
@@ -55,3 +90,17 @@ class ClientState:
                     f"expects {tuple(current.shape)}: resume with the same datamodule and num_clusters"
                 )
             current.copy_(stored)
+        if "active" in state:
+            self.active = state["active"].clone()
+        self.extra = {k.removeprefix("extra."): v.clone() for k, v in state.items() if k.startswith("extra.")}
+        self.personal = {}
+        if "personal.ids" in state:
+            for i, model in zip(state["personal.ids"].tolist(), state["personal.models"], strict=True):
+                self.personal[int(i)] = model.clone()
+
+
+def _renormalise(rows: Tensor, keep: Tensor) -> Tensor:
+    """Rows rescaled to sum to 1; a row with no mass left restarts uniform over the kept clusters."""
+    total = rows.sum(-1, keepdim=True)
+    uniform = (keep.to(rows.dtype) / keep.sum()).expand_as(rows)
+    return torch.where(total > 0, rows / total.clamp_min(torch.finfo(rows.dtype).tiny), uniform)

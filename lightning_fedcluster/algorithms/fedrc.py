@@ -1,80 +1,177 @@
-"""FedRC (Guo, Tang, Lin, ICML 2024) as a rule object the engine calls: plain tensors only.
+"""FedRC (Guo, Tang, Lin, ICML 2024) and FedEM (Marfoq et al., NeurIPS 2021): plain tensors only.
 
-The engine runs the client loop; this object says, for one client, how much each cluster
-explains its data (E-step), how samples are weighted in the local loss, how the client's
-update is weighted on the server, and how the server refreshes C_{y,k}. With
-``use_label_stats=False`` it is FedEM (C ≡ 1).
+FedRC's E-step divides each sample's likelihood by the cluster's label frequency C_{y,k}, so
+clusters separate labelling rules (concepts) and not label mixes. ``use_label_stats=False`` is
+FedEM (C ≡ 1). Options from the FedRC paper's appendices: Adam on γ (App. H.3), Gaussian noise
+on the reported label sums (App. E), hard clustering in training (TrHC) and in prediction (TeHC).
+Adaptive cluster removal (App. F) is :func:`clusters_to_remove` plus ``ClientState.remove_clusters``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.mixture import (
-    LABEL_STATS_FLOOR,
-    hard_weights,
-    iterate_mixture,
-    label_statistics,
-    label_sums,
-    mixture_from_responsibilities,
-    responsibilities,
+from lightning_fedcluster.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientReport,
+    LocalPlan,
 )
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
+
+# FedRC-Adam defaults (App. H.3).
+ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
 
 
-@dataclass(frozen=True)
-class ClientReport:
-    """One client's E-step: γ [N, K] (stays on the client), and what it reports: ω [K], S [C, K]."""
+class FedRC(Algorithm):
+    """FedRC's rules.
 
-    gamma: Tensor
-    omega: Tensor
-    label_sums: Tensor
+    Args:
+        num_clusters: K.
+        use_label_stats: divide by C_{y,k} (FedRC); False gives FedEM.
+        hard_prediction: predict with the argmax-ω model only (TeHC).
+        hard_training: train only the argmax-ω model, every sample with weight 1 (TrHC; an ablation).
+        adam_gamma: update γ with Adam on g = γ_prev − γ_E-step (FedRC-Adam).
+        label_noise_std: σ_i of the Gaussian noise each client adds to its label sums (privacy);
+            one value for all clients or one per client.
+        removal_threshold: δ of adaptive K (App. F): after each round, remove clusters whose share
+            of γ over all seen clients' data is below δ (None: never).
+    """
 
+    def __init__(
+        self,
+        num_clusters: int,
+        *,
+        use_label_stats: bool = True,
+        hard_prediction: bool = False,
+        hard_training: bool = False,
+        adam_gamma: bool = False,
+        label_noise_std: float | Sequence[float] = 0.0,
+        removal_threshold: float | None = None,
+        label_stats_floor: float = LABEL_STATS_FLOOR,
+    ) -> None:
+        super().__init__(num_clusters)
+        self.uses_label_stats = use_label_stats
+        self.hard_prediction = hard_prediction
+        self.hard_training = hard_training
+        self.adam_gamma = adam_gamma
+        self.label_noise_std = label_noise_std
+        self.removal_threshold = removal_threshold
+        self.label_stats_floor = label_stats_floor
+        if adam_gamma:
+            self.per_sample_state = ("gamma", "adam_m", "adam_v")
 
-@dataclass(frozen=True)
-class FedRC:
-    """FedRC's rules. ``hard_prediction`` predicts with argmax ω only (the paper's TeHC)."""
+    def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
+        if not self.adam_gamma:
+            return {}
+        zeros = torch.zeros(num_samples, self.num_clusters, dtype=torch.float64)
+        return {
+            "gamma": zeros.clone(),
+            "adam_m": zeros.clone(),
+            "adam_v": zeros.clone(),
+            "adam_steps": torch.zeros(num_clients, dtype=torch.float64),
+        }
 
-    num_clusters: int
-    use_label_stats: bool = True
-    hard_prediction: bool = False
-    label_stats_floor: float = LABEL_STATS_FLOOR
+    def client_reported_state(self) -> tuple[str, ...]:
+        return ("gamma", "adam_m", "adam_v", "adam_steps") if self.adam_gamma else ()
+
+    def clusters_to_remove(self, state: ClientState, sizes: Tensor) -> Tensor | None:
+        if self.removal_threshold is None:
+            return None
+        return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.removal_threshold)
+
+    def noise_std(self, client: int) -> float:
+        if isinstance(self.label_noise_std, (int, float)):
+            return float(self.label_noise_std)
+        return float(self.label_noise_std[client])
 
     def e_step(
-        self, losses: Tensor, labels: Tensor, omega: Tensor, log_label_stats: Tensor | None, num_classes: int
+        self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
     ) -> ClientReport:
-        """γ and ω from the previous ω (the client's prior) and the current C. ``losses`` [N, K]."""
-        losses = losses.to(torch.float64)
-        log_gamma = responsibilities(losses, labels, omega.to(losses).log(), log_label_stats)
-        gamma = log_gamma.exp()
+        report = super().e_step(losses, labels, context, log_label_stats if self.uses_label_stats else None)
+        if self.adam_gamma:
+            report = self._adam_step(report, labels, context)
+        sigma = self.noise_std(context.client)
+        if sigma > 0 and report.label_sums.numel():
+            noise = torch.randn(report.label_sums.shape, generator=context.generator, dtype=torch.float64)
+            report = replace(report, label_sums=report.label_sums + sigma * noise.to(report.label_sums))
+        return report
+
+    def _adam_step(self, report: ClientReport, labels: Tensor, context: ClientContext) -> ClientReport:
+        previous = context.extra.get("gamma")
+        if previous is None or not bool((previous.sum(1) > 0).all()):  # first participation: take γ̃
+            gamma = report.gamma
+            m = torch.zeros_like(gamma)
+            v = torch.zeros_like(gamma)
+            steps = 0
+        else:
+            gamma, m, v = adam_gamma_step(
+                previous.to(report.gamma),
+                report.gamma,
+                context.extra["adam_m"].to(report.gamma),
+                context.extra["adam_v"].to(report.gamma),
+                int(context.extra["adam_steps"]),
+                context.active,
+            )
+            steps = int(context.extra["adam_steps"]) + 1
+        new_extra = {"gamma": gamma, "adam_m": m, "adam_v": v, "adam_steps": torch.tensor(float(steps))}
+        context.extra.update(new_extra)
         return ClientReport(
-            gamma=gamma,
-            omega=mixture_from_responsibilities(log_gamma).exp(),
-            label_sums=label_sums(gamma, labels, num_classes),
+            gamma=gamma, omega=gamma.mean(0), label_sums=label_sums(gamma, labels, context.num_classes)
         )
 
-    def sample_weights(self, report: ClientReport) -> Tensor:
-        """Weight of each sample in each cluster's local loss (eq. 5): γ. [N, K]."""
-        return report.gamma
-
-    def aggregation_weights(self, num_samples: int, report: ClientReport) -> Tensor:
-        """Server weight of the client's update to each cluster: N_i (γ already scaled gradients)."""
-        return torch.full((self.num_clusters,), float(num_samples), dtype=torch.float64)
+    def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
+        if self.hard_training:
+            masked = torch.where(context.active.to(report.omega.device), report.omega, -torch.inf)
+            return LocalPlan(clusters=(int(torch.argmax(masked)),))
+        return super().local_plan(report, context)
 
     def log_label_stats(self, state: ClientState) -> Tensor | None:
         """log C_{y,k} from the latest label sums of every client seen so far (None for FedEM)."""
-        if not self.use_label_stats:
+        if not self.uses_label_stats:
             return None
         # No client seen yet: all-zero sums give the uniform C, as the paper initialises it.
         return label_statistics(state.label_sums[state.seen], self.label_stats_floor).log()
 
-    def prediction_weights(self, omega: Tensor) -> Tensor:
-        """Mixture weights used to predict for a client with mixture ω."""
-        return hard_weights(omega) if self.hard_prediction else omega
 
-    def unseen_client_mixture(self, losses: Tensor, labels: Tensor, log_label_stats: Tensor | None) -> Tensor:
-        """ω of a client that never trained, from its labelled data: the E-step iterated to a fixed point."""
-        return iterate_mixture(losses.to(torch.float64), labels, log_label_stats)
+def adam_gamma_step(
+    previous: Tensor, target: Tensor, m: Tensor, v: Tensor, steps: int, active: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One Adam step on γ with gradient g = γ_prev − γ̃ (FedRC-Adam, App. H.3), then clamp at 0 and
+    renormalise each sample's row over the active clusters. ``steps`` = Adam steps taken before.
+    Returns (γ, m, v), all [N, K]."""
+    beta1, beta2 = ADAM_BETAS
+    grad = previous - target
+    m = beta1 * m + (1 - beta1) * grad
+    v = beta2 * v + (1 - beta2) * grad * grad
+    t = steps + 1
+    m_hat = m / (1 - beta1**t)
+    v_hat = v / (1 - beta2**t)
+    gamma = (previous - ADAM_LR * m_hat / (v_hat.sqrt() + ADAM_EPS)).clamp_min(0)
+    gamma = gamma * active.to(gamma.device)
+    total = gamma.sum(1, keepdim=True)
+    # A row that Adam drove to all zeros falls back to the E-step's γ̃ for that sample.
+    gamma = torch.where(total > 0, gamma / total.clamp_min(torch.finfo(gamma.dtype).tiny), target)
+    return gamma, m, v
+
+
+def clusters_to_remove(
+    omega: Tensor, sizes: Tensor, seen: Tensor, active: Tensor, threshold: float
+) -> Tensor:
+    """Adaptive K (FedRC App. F): active clusters whose share (1/N) Σ_{i,j} γ_{ij;k} = Σ_i N_i ω_ik / Σ_i N_i
+    over the clients seen so far is below ``threshold``. Never removes the last active cluster
+    (the largest share survives). Returns a [K] bool mask of clusters to remove."""
+    if not bool(seen.any()):
+        return torch.zeros_like(active)
+    weights = sizes[seen].to(torch.float64)
+    share = (omega[seen].to(torch.float64) * weights.unsqueeze(1)).sum(0) / weights.sum()
+    remove = active & (share < threshold)
+    if bool(remove.sum() == active.sum()):
+        keep = int(torch.argmax(torch.where(active, share, torch.full_like(share, -1.0))))
+        remove[keep] = False
+    return remove

@@ -36,6 +36,8 @@ def mixture_from_responsibilities(log_gamma: Tensor) -> Tensor:
 def label_sums(gamma: Tensor, labels: Tensor, num_classes: int) -> Tensor:
     """S_{y,k} = Σ_{j: y_j = y} γ_{j;k}: the client's label statistics sent to the server. [C, K]."""
     sums = torch.zeros(num_classes, gamma.shape[1], dtype=gamma.dtype, device=gamma.device)
+    if num_classes == 0:  # regression: no label statistics
+        return sums
     return sums.index_add_(0, labels, gamma)
 
 

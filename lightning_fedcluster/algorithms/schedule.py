@@ -5,7 +5,8 @@ and every resumed run agrees without communication."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -34,12 +35,17 @@ def derive_seed(*parts: int) -> int:
 
 @dataclass(frozen=True)
 class RoundSchedule:
-    """``steps_per_client`` [M]: local SGD steps of each client when it takes part."""
+    """``steps_per_client`` [M]: local SGD steps of each client when it takes part.
+
+    ``selector``: when the server chooses the round's clients from its state (FedSoft), a function
+    round → sorted client ids, of at most ``clients_per_round`` clients; else a seeded uniform sample.
+    """
 
     num_clients: int
     clients_per_round: int
     steps_per_client: Tensor
     seed: int = 0
+    selector: Callable[[int], Tensor] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.clients_per_round <= self.num_clients:
@@ -50,6 +56,14 @@ class RoundSchedule:
 
     def clients(self, round_index: int) -> Tensor:
         """Sorted ids of the round's clients: a seeded sample without replacement."""
+        if self.selector is not None:
+            chosen = self.selector(round_index)
+            if len(chosen) > self.clients_per_round:
+                raise RuntimeError(
+                    f"the client selector chose {len(chosen)} clients, more than its bound "
+                    f"{self.clients_per_round}"
+                )
+            return chosen
         if self.clients_per_round == self.num_clients:
             return torch.arange(self.num_clients)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, round_index, 0x5EED))

@@ -7,6 +7,7 @@ ClusteredModule does through ``strategy.reduce``. One class serves 1..N processe
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -32,6 +33,10 @@ class FederatedStrategy(DDPStrategy):
         local_epochs: alternatively, passes over each client's data per round.
         server_lr: η_g, the server step applied to the averaged update.
         seed: drives client sampling, cluster-model initialisation and local minibatch order.
+        finetune_epochs: before measuring a participating client's local accuracy, fine-tune copies
+            of the cluster models on its training data for this many epochs (FedRC-FT); 0 = off.
+        shared_layers: submodule names shared by the K copies (one feature extractor, K clustered
+            heads) when the strategy wraps a plain LightningModule.
         kwargs: passed to Lightning's DDPStrategy (e.g. ``start_method``, ``process_group_backend``).
     """
 
@@ -46,6 +51,8 @@ class FederatedStrategy(DDPStrategy):
         local_epochs: int | None = None,
         server_lr: float = 1.0,
         seed: int = 0,
+        finetune_epochs: int = 0,
+        shared_layers: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         check_positive_int("num_clusters", num_clusters)
@@ -57,6 +64,8 @@ class FederatedStrategy(DDPStrategy):
         check_seed(seed)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
+        if isinstance(finetune_epochs, bool) or not isinstance(finetune_epochs, int) or finetune_epochs < 0:
+            raise ValueError(f"finetune_epochs must be an integer >= 0, got {finetune_epochs!r}")
         super().__init__(**kwargs)
         self.num_clusters = num_clusters
         self.clients_per_round = clients_per_round
@@ -64,6 +73,8 @@ class FederatedStrategy(DDPStrategy):
         self.local_epochs = local_epochs
         self.server_lr = server_lr
         self.seed = seed
+        self.finetune_epochs = finetune_epochs
+        self.shared_layers = (shared_layers,) if isinstance(shared_layers, str) else tuple(shared_layers)
         self._schedule: tuple[int, RoundSchedule] | None = None
 
     @property
@@ -78,8 +89,29 @@ class FederatedStrategy(DDPStrategy):
                 datamodule.train_sizes, datamodule.batch_size, self.local_steps, self.local_epochs
             )
             cpr = datamodule.num_clients if self.clients_per_round is None else self.clients_per_round
-            self._schedule = (id(datamodule), RoundSchedule(datamodule.num_clients, cpr, steps, self.seed))
+            bound = self.algorithm.max_clients_per_round(datamodule.num_clients)
+            selector = None
+            if bound is not None:
+                cpr, selector = bound, self._state_selector(datamodule)
+            schedule = RoundSchedule(datamodule.num_clients, cpr, steps, self.seed, selector=selector)
+            self._schedule = (id(datamodule), schedule)
         return self._schedule[1]
+
+    def _state_selector(self, datamodule: Any) -> Callable[[int], torch.Tensor]:
+        """Round → clients chosen by the server from the client state (e.g. FedSoft's v sampling)."""
+
+        def select(round_index: int) -> torch.Tensor:
+            state = self.lightning_module.client_state
+            membership = self.algorithm.round_membership(
+                round_index, state, datamodule.train_sizes, self.seed
+            )
+            return membership.any(1).nonzero().flatten()
+
+        return select
+
+    def check_datamodule(self, datamodule: Any) -> None:
+        """Validate algorithm options that depend on the data (called before training starts)."""
+        return None
 
     def connect(self, model: pl.LightningModule) -> None:
         """Wrap a plain LightningModule into K cluster copies; use a ClusteredModule as it is."""
@@ -87,8 +119,15 @@ class FederatedStrategy(DDPStrategy):
 
         if not isinstance(model, ClusteredModule):
             trainer = getattr(model, "_trainer", None)  # attached by trainer.fit before connect
-            model = ClusteredModule(model, self.num_clusters, seed=self.seed)
+            model = ClusteredModule(
+                model, self.num_clusters, seed=self.seed, shared_layers=self.shared_layers
+            )
             model.trainer = trainer
+        elif self.shared_layers and tuple(self.shared_layers) != model.shared_layers:
+            raise ValueError(
+                f"the strategy has shared_layers={self.shared_layers} but the ClusteredModule was built with "
+                f"shared_layers={model.shared_layers}: set them in one place"
+            )
         super().connect(model)
 
     def configure_ddp(self) -> None:

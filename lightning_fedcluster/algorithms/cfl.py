@@ -1,0 +1,92 @@
+"""CFL (Sattler, Müller, Samek 2020): recursive bi-partitioning by the cosine similarity of
+client updates. Plain tensors only.
+
+Clients start in one cluster. After a round, a cluster whose weighted mean update is small
+(‖Σ_i w_i Δ_i‖ < ε1: its joint objective is near a stationary point) while some member still
+moves a lot (max_i ‖Δ_i‖ > ε2) is split in two by complete-linkage clustering of the members'
+pairwise cosine similarities. The new cluster starts from a copy of its parent. ``num_clusters``
+is the maximum number of clusters.
+"""
+
+from __future__ import annotations
+
+import torch
+from sklearn.cluster import AgglomerativeClustering
+from torch import Tensor
+
+from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, HardAssignment, LocalPlan
+from lightning_fedcluster.algorithms.hard import _assignment_report
+
+
+def cosine_similarity_matrix(updates: Tensor) -> Tensor:
+    """[n, n] pairwise cosine similarities of the rows of ``updates`` [n, P] (zero rows give 0)."""
+    updates = updates.to(torch.float64)
+    norms = updates.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    unit = updates / norms
+    return unit @ unit.T
+
+
+def bipartition(similarity: Tensor) -> Tensor:
+    """Split n >= 2 items in two by complete linkage on the distance 1 − cos. Returns a [n] bool
+    mask of the second group (the group of item 0 is always False, for determinism)."""
+    distance = (1.0 - similarity).clamp_min(0).numpy()
+    labels = (
+        AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit(distance).labels_
+    )
+    labels_t = torch.as_tensor(labels)
+    return labels_t != labels_t[0]
+
+
+def split_decision(updates: Tensor, weights: Tensor, eps1: float, eps2: float) -> bool:
+    """Whether a cluster with member updates [n, P] and weights [n] should split (needs n >= 2)."""
+    if updates.shape[0] < 2:
+        return False
+    w = weights.to(torch.float64) / weights.to(torch.float64).sum()
+    mean_norm = float((w.unsqueeze(1) * updates.to(torch.float64)).sum(0).norm())
+    max_norm = float(updates.to(torch.float64).norm(dim=1).max())
+    return mean_norm < eps1 and max_norm > eps2
+
+
+class CFL(HardAssignment):
+    """CFL's rules. ``eps1``/``eps2``: the mean- and max-update-norm thresholds."""
+
+    needs_update_vectors = True
+
+    def __init__(self, num_clusters: int, *, eps1: float = 0.4, eps2: float = 1.6) -> None:
+        super().__init__(num_clusters)
+        self.eps1 = eps1
+        self.eps2 = eps2
+
+    def initial_active(self) -> Tensor:
+        """Every client starts in cluster 0; the others wait for splits."""
+        active = torch.zeros(self.num_clusters, dtype=torch.bool)
+        active[0] = True
+        return active
+
+    def e_step(
+        self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
+    ) -> ClientReport:
+        k = int(torch.argmax(context.omega)) if context.seen else 0
+        return _assignment_report(k, losses, labels, context.num_classes)
+
+    def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
+        return LocalPlan(clusters=(int(torch.argmax(report.omega)),))
+
+    def plan_splits(
+        self, clusters: Tensor, updates: Tensor, sizes: Tensor, active: Tensor
+    ) -> list[tuple[int, int, Tensor]]:
+        """Splits after a round. ``clusters`` [n] cluster of each of the round's clients, ``updates``
+        [n, P], ``sizes`` [n]. Returns (parent, child, mask over the n clients moving to child)."""
+        free = [k for k in range(self.num_clusters) if not bool(active[k])]
+        splits = []
+        for parent in sorted(set(clusters.tolist())):
+            if not free:
+                break
+            members = (clusters == parent).nonzero().flatten()
+            if not split_decision(updates[members], sizes[members], self.eps1, self.eps2):
+                continue
+            second = bipartition(cosine_similarity_matrix(updates[members]))
+            moving = torch.zeros(clusters.shape[0], dtype=torch.bool)
+            moving[members[second]] = True
+            splits.append((parent, free.pop(0), moving))
+        return splits

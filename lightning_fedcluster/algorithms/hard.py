@@ -1,0 +1,127 @@
+"""Hard-clustering and single-model rules: IFCA, FeSEM/WeCFL and FedAvg/FedProx. Plain tensors.
+
+- IFCA (Ghosh et al. 2020): a client joins the cluster whose model has the lowest mean loss on
+  its data and trains only that model; server weight N_i. A cluster with no member this round
+  keeps its model (the engine skips zero-weight clusters; the FedRC authors' code zeroes them).
+- FeSEM / WeCFL (K-means over client models): a client trains the model of the cluster it was
+  assigned to, then joins the centre nearest (squared L2) to its locally trained model; the
+  centres become the weighted means of their members' models, weight 1 (FeSEM) or N_i (WeCFL).
+- FedAvg / FedProx: one model, weight N_i; FedProx adds (μ/2)‖w − θ‖² to the local loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_fedcluster.algorithms.base import (
+    ClientContext,
+    ClientReport,
+    Contribution,
+    HardAssignment,
+    LocalPlan,
+    argmin_active,
+    one_hot,
+    with_omega,
+)
+from lightning_fedcluster.algorithms.mixture import label_sums
+from lightning_fedcluster.algorithms.schedule import derive_seed
+
+
+def _assignment_report(k: int, losses: Tensor, labels: Tensor, num_classes: int) -> ClientReport:
+    omega = one_hot(k, losses.shape[1], losses.to(torch.float64))
+    gamma = omega.unsqueeze(0).expand(losses.shape[0], -1).clone()
+    return ClientReport(gamma=gamma, omega=omega, label_sums=label_sums(gamma, labels, num_classes))
+
+
+class IFCA(HardAssignment):
+    """IFCA: argmin of the mean loss; only the chosen model trains; weight N_i."""
+
+    def e_step(
+        self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
+    ) -> ClientReport:
+        k = argmin_active(losses.to(torch.float64).mean(0), context.active)
+        return _assignment_report(k, losses, labels, context.num_classes)
+
+    def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
+        return LocalPlan(clusters=(int(torch.argmax(report.omega)),))
+
+
+def initial_assignment(seed: int, client: int, active: Tensor) -> int:
+    """A seeded uniform draw among the active clusters: K-means' random initial assignment."""
+    alive = active.nonzero().flatten()
+    generator = torch.Generator().manual_seed(derive_seed(seed, client, 0xFE5E))
+    return int(alive[torch.randint(len(alive), (1,), generator=generator)])
+
+
+class FeSEM(HardAssignment):
+    """FeSEM (``weighted=False``, every member counts 1) and WeCFL (``weighted=True``, members
+    weighted by N_i). ``seed`` draws the initial assignment of each client."""
+
+    needs_model_distances = True
+
+    def __init__(
+        self,
+        num_clusters: int,
+        *,
+        weighted: bool = False,
+        seed: int = 0,
+        representation_layers: tuple[str, ...] | None = None,
+    ) -> None:
+        super().__init__(num_clusters)
+        self.weighted = weighted
+        self.seed = seed
+        self.representation_layers = representation_layers
+
+    def representation_mask(self, parameter_names: list[str]) -> list[bool]:
+        """All parameters, or those whose name starts with one of ``representation_layers``."""
+        if not self.representation_layers:
+            return [True] * len(parameter_names)
+        mask = [name.startswith(tuple(self.representation_layers)) for name in parameter_names]
+        if not any(mask):
+            raise ValueError(
+                f"representation_layers={self.representation_layers} matches no parameter: use prefixes of "
+                f"{parameter_names}"
+            )
+        return mask
+
+    def e_step(
+        self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
+    ) -> ClientReport:
+        if context.seen and bool(context.active[int(torch.argmax(context.omega))]):
+            k = int(torch.argmax(context.omega))
+        else:
+            k = initial_assignment(self.seed, context.client, context.active)
+        return _assignment_report(k, losses, labels, context.num_classes)
+
+    def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
+        return LocalPlan(clusters=(int(torch.argmax(report.omega)),))
+
+    def reassign(self, report: ClientReport, distances: Tensor, context: ClientContext) -> ClientReport:
+        """Join the nearest active centre (``distances`` [K]: ‖g_i − G_k‖²)."""
+        k = argmin_active(distances.to(torch.float64), context.active)
+        return with_omega(report, one_hot(k, report.omega.shape[0], report.omega))
+
+    def contributions(
+        self, report: ClientReport, plan: LocalPlan, context: ClientContext
+    ) -> list[Contribution]:
+        weight = float(context.num_samples) if self.weighted else 1.0
+        return [Contribution(plan.clusters[0], int(torch.argmax(report.omega)), weight)]
+
+
+class FedProx(HardAssignment):
+    """FedAvg (``mu=0``) and FedProx: one model trained by every client, weight N_i, proximal
+    term (μ/2)‖w − θ‖² in the local loss."""
+
+    def __init__(self, mu: float = 0.0) -> None:
+        super().__init__(1)
+        self.mu = mu
+
+    def e_step(
+        self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
+    ) -> ClientReport:
+        return _assignment_report(0, losses, labels, context.num_classes)
+
+    def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
+        proximal = (((0, self.mu),),) if self.mu > 0 else ()
+        return LocalPlan(clusters=(0,), proximal=proximal)
