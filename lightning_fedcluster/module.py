@@ -787,6 +787,7 @@ class ClusteredModule(pl.LightningModule):
         self._eval_global = [
             [t.detach().clone() for t in self.cluster_tensors(k)] for k in range(self.num_clusters)
         ]
+        self._eval_shared = [t.detach().clone() for t in self.shared_tensors()]
 
     def validation_step(self, batch: dict[str, int], batch_idx: int) -> None:
         with self._timed("evaluation"):
@@ -847,6 +848,8 @@ class ClusteredModule(pl.LightningModule):
                 for k in range(self.num_clusters):
                     for t, g in zip(self.cluster_tensors(k), self._eval_global[k], strict=True):
                         t.copy_(g)
+                for t, g in zip(self.shared_tensors(), self._eval_shared, strict=True):
+                    t.copy_(g)
 
     def _finetune(self, client: int, epochs: int) -> Tensor:
         """FedRC-FT: ``epochs`` local epochs of the client's weighted M-step on copies of the cluster

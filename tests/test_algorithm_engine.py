@@ -169,7 +169,9 @@ def test_finetuning_changes_local_accuracy_but_not_the_models(digits):
     results = {}
     for epochs in (0, 1):
         trainer = make_trainer(
-            FedRCStrategy(3, clients_per_round=6, local_steps=2, finetune_epochs=epochs),
+            FedRCStrategy(
+                3, clients_per_round=6, local_steps=2, finetune_epochs=epochs, shared_layers=("net.0",)
+            ),
             max_epochs=2,
             limit_val_batches=0,
         )

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_digits.py"
@@ -16,13 +17,14 @@ DISTRIBUTED_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LO
                          "LOCAL_WORLD_SIZE", "GROUP_RANK"}
 
 
-def _run(devices: int, out: Path) -> None:
+def _run(devices: int, out: Path, strategy: str = "fedrc") -> None:
     # Same thread count per process in both runs: GEMM results depend on it.
     # Drop the rendezvous variables that in-process trainers of this test session exported.
     inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--devices", str(devices), "--rounds", "3", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "--devices", str(devices), "--rounds", "3", "--out", str(out),
+         "--strategy", strategy],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -45,3 +47,21 @@ def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(tmp_pa
     assert rank0 and rank1 and not rank0 & rank1  # both processes worked, never on the same client
     assert rank0 | rank1 == clients(tmp_path / "one" / "clients_rank0.json")
     assert len(rank0 | rank1) == 3 * 10  # 3 rounds x 10 clients
+
+
+@pytest.mark.parametrize("strategy", ["fedrc_options", "fedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl",
+                                      "fedavg", "fedprox"])
+def test_every_strategy_gives_the_same_result_on_two_processes(tmp_path, strategy):
+    """Weights, client state (personal models, per-sample γ, split clusters) and test metrics agree."""
+    _run(1, tmp_path / "one", strategy)
+    _run(2, tmp_path / "two", strategy)
+    one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
+    for key, value in one["weights"].items():
+        assert torch.equal(value, two["weights"][key]), key
+    assert set(one["client_state"]) == set(two["client_state"])
+    for key, value in one["client_state"].items():
+        assert torch.equal(value, two["client_state"][key]), key
+    assert one["metrics"] == pytest.approx(two["metrics"], abs=1e-6)
+    rank0 = {tuple(p) for p in json.loads((tmp_path / "two" / "clients_rank0.json").read_text())}
+    rank1 = {tuple(p) for p in json.loads((tmp_path / "two" / "clients_rank1.json").read_text())}
+    assert rank0 and rank1 and not rank0 & rank1

@@ -12,7 +12,7 @@ import warnings
 import lightning.pytorch as pl
 import torch
 
-from lightning_fedcluster import FedRCStrategy
+import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 
@@ -28,29 +28,50 @@ class RecordClients(pl.Callback):
             self.seen.append((batch["round"], batch["client"]))
 
 
+STRATEGIES = {
+    "fedrc": lambda cpr: lf.FedRCStrategy(3, clients_per_round=cpr, local_steps=3),
+    "fedrc_options": lambda cpr: lf.FedRCStrategy(
+        4, clients_per_round=cpr, local_steps=3, adam_gamma=True, removal_threshold=0.2, label_noise_std=0.1,
+        shared_layers=("net.0",), finetune_epochs=1,
+    ),
+    "fedem": lambda cpr: lf.FedEMStrategy(3, clients_per_round=cpr, local_steps=3),
+    "ifca": lambda cpr: lf.IFCAStrategy(3, clients_per_round=cpr, local_steps=3),
+    "fesem": lambda cpr: lf.FeSEMStrategy(3, clients_per_round=cpr, local_steps=3),
+    "wecfl": lambda cpr: lf.WeCFLStrategy(3, clients_per_round=cpr, local_steps=3),
+    "fedsoft": lambda cpr: lf.FedSoftStrategy(3, selection_size=3, local_steps=3),
+    "cfl": lambda cpr: lf.CFLStrategy(3, local_steps=3, eps1=1e6, eps2=1e-6),
+    "fedavg": lambda cpr: lf.FedAvgStrategy(clients_per_round=cpr, local_steps=3),
+    "fedprox": lambda cpr: lf.FedProxStrategy(mu=0.1, clients_per_round=cpr, local_steps=3),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients-per-round", type=int, default=10)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--strategy", default="fedrc", choices=sorted(STRATEGIES))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     recorder = RecordClients()
     trainer = pl.Trainer(
-        strategy=FedRCStrategy(num_clusters=3, clients_per_round=args.clients_per_round, local_steps=3),
+        strategy=STRATEGIES[args.strategy](args.clients_per_round),
         accelerator="cpu", devices=args.devices, max_epochs=args.rounds, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, callbacks=[recorder],
     )
-    trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=12, seed=0))
+    datamodule = DigitsFederated(num_clients=12, seed=0)
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=datamodule)
+    metrics = trainer.test(trainer.lightning_module, datamodule=datamodule, verbose=False)[0]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"clients_rank{trainer.global_rank}.json"), "w") as f:
         json.dump(recorder.seen, f)
     if trainer.is_global_zero:
         module = trainer.lightning_module
-        torch.save({"weights": module.state_dict(), "client_state": module.client_state.state_dict()},
+        torch.save({"weights": module.state_dict(), "client_state": module.client_state.state_dict(),
+                    "metrics": metrics},
                    os.path.join(args.out, "result.pt"))
 
 
