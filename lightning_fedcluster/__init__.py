@@ -4,6 +4,7 @@ from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.module import ClusteredModule
 from lightning_fedcluster.strategies import (
     CFLStrategy,
+    DFedEMStrategy,
     FedAvgStrategy,
     FedEMStrategy,
     FederatedStrategy,
@@ -17,6 +18,7 @@ from lightning_fedcluster.strategies import (
 
 __all__ = [
     "CFLStrategy",
+    "DFedEMStrategy",
     "ClusteredModule",
     "FedAvgStrategy",
     "FedEMStrategy",

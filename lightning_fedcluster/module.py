@@ -421,7 +421,9 @@ class ClusteredModule(pl.LightningModule):
 
     def _vector_size(self) -> int:
         """Per-client flat model vectors this round needs (personal models, CFL updates)."""
-        if self.rule.keeps_personal_models or self.rule.needs_update_vectors:
+        if self.rule.keeps_personal_models:
+            return sum(t.numel() for k in self._personal_copies() for t in self._global[k])
+        if self.rule.needs_update_vectors:
             return sum(t.numel() for t in self._global[0])
         return 0
 
@@ -477,7 +479,7 @@ class ClusteredModule(pl.LightningModule):
         plan = self.rule.local_plan(report, context)
         weights = None if plan.sample_weights is None else plan.sample_weights.to(torch.float32)
         if plan.from_personal:
-            self._load_personal(client, plan.clusters[0], context)
+            self._load_personal(client, context)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, round_index, client, 0xBA7C))
         self._run = _ClientRun(
             client=client,
@@ -501,22 +503,37 @@ class ClusteredModule(pl.LightningModule):
             for t, g in zip(self.shared_tensors(), self._global_shared, strict=True):
                 t.copy_(g)
 
-    def _load_personal(self, client: int, copy_index: int, context: ClientContext) -> None:
-        """FedSoft: the trained copy starts from the client's personal model (kept on the CPU), or,
-        the first time, from the centre the rule picks."""
+    def _personal_copies(self) -> range:
+        """The working copies a personal model occupies: copy 0 (FedSoft) or all K (D-FedEM)."""
+        return range(self.rule.personal_copies if self.rule.personal_copies else self.num_clusters)
+
+    def _write_vector(self, vector: Tensor, copies: range) -> None:
+        """Copy a flat vector (personal model) into the working copies, tensor by tensor, in place."""
+        offset = 0
+        with torch.no_grad():
+            for k in copies:
+                for t in self.cluster_tensors(k):
+                    t.copy_(vector[offset : offset + t.numel()].view_as(t).to(t))
+                    offset += t.numel()
+
+    def _read_vector(self, copies: range) -> Tensor:
+        return torch.cat([t.detach().flatten().float() for k in copies for t in self.cluster_tensors(k)])
+
+    def _load_personal(self, client: int, context: ClientContext) -> None:
+        """The trained copies start from the client's personal model(s), kept on the CPU; the first
+        time, from the global model(s) the rule picks."""
         assert self.client_state is not None
         stored = self.client_state.personal.get(client)
-        tensors = self.cluster_tensors(copy_index)
+        if stored is not None:
+            self._write_vector(stored, self._personal_copies())
+            return
         with torch.no_grad():
-            if stored is None:
-                source = self._global[self.rule.initial_personal_cluster(context)]
-                for t, g in zip(tensors, source, strict=True):
+            for k in self._personal_copies():
+                source = self._global[
+                    self.rule.initial_personal_cluster(context) if len(self._personal_copies()) == 1 else k
+                ]
+                for t, g in zip(self.cluster_tensors(k), source, strict=True):
                     t.copy_(g)
-            else:
-                offset = 0
-                for t in tensors:
-                    t.copy_(stored[offset : offset + t.numel()].view_as(t))
-                    offset += t.numel()
 
     def _add_train_metrics(self, outputs: Tensor, y: Tensor, omega: Tensor) -> None:
         mixture = mixture_probabilities(outputs.double(), self.rule.prediction_weights(omega))
@@ -625,9 +642,12 @@ class ClusteredModule(pl.LightningModule):
             else:
                 buffer[f"extra.{name}"][slot] = value
         if self._round_vectors is not None:
-            local = torch.cat(
-                [t.detach().flatten().float() for t in self.cluster_tensors(run.plan.clusters[0])]
+            copies = (
+                self._personal_copies()
+                if self.rule.keeps_personal_models
+                else range(run.plan.clusters[0], run.plan.clusters[0] + 1)
             )
+            local = self._read_vector(copies)
             if self.rule.needs_update_vectors:
                 reference = torch.cat([g.flatten().float() for g in self._global[run.plan.clusters[0]]])
                 local = local - reference
@@ -698,6 +718,7 @@ class ClusteredModule(pl.LightningModule):
             vectors = self._round_vectors["vectors"].cpu()
             for slot in reported.nonzero().flatten().tolist():
                 state.personal[int(self._round_clients[slot])] = vectors[slot].clone()
+            self.rule.mix_personal(state.personal, self.trainer.current_epoch)
 
     def _server_step(self) -> None:
         """Structural server decisions after aggregation: cluster removal (FedRC) and splits (CFL)."""
@@ -833,13 +854,11 @@ class ClusteredModule(pl.LightningModule):
             return mixture_probabilities(outputs, self.rule.prediction_weights(omega))
         try:
             if personal is not None:
-                offset = 0
-                with torch.no_grad():
-                    for t in self.cluster_tensors(0):
-                        t.copy_(personal[offset : offset + t.numel()].view_as(t).to(t))
-                        offset += t.numel()
+                self._write_vector(personal, self._personal_copies())
                 _, outputs = self.evaluate_clusters(x)
-                return outputs[0]
+                if len(self._personal_copies()) == 1:
+                    return outputs[0]
+                return mixture_probabilities(outputs, self.rule.prediction_weights(omega))
             omega = self._finetune(client, finetune)
             _, outputs = self.evaluate_clusters(x)
             return mixture_probabilities(outputs, self.rule.prediction_weights(omega))

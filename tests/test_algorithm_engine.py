@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_fedcluster import (
     CFLStrategy,
     ClusteredModule,
+    DFedEMStrategy,
     FedAvgStrategy,
     FedEMStrategy,
     FedProxStrategy,
@@ -30,6 +31,7 @@ from tests.conftest import make_trainer
 STRATEGIES = {
     "fedrc": lambda: FedRCStrategy(3, clients_per_round=6, local_steps=3),
     "fedem": lambda: FedEMStrategy(3, clients_per_round=6, local_steps=3),
+    "dfedem": lambda: DFedEMStrategy(3, local_steps=3),
     "ifca": lambda: IFCAStrategy(3, clients_per_round=6, local_steps=3),
     "fesem": lambda: FeSEMStrategy(3, clients_per_round=6, local_steps=3),
     "wecfl": lambda: WeCFLStrategy(3, clients_per_round=6, local_steps=3),
@@ -251,3 +253,22 @@ def test_label_noise_needs_one_sigma_per_client(digits):
     trainer = make_trainer(FedRCStrategy(3, label_noise_std=[0.1, 0.2]), max_epochs=1)
     with pytest.raises(ValueError, match="label_noise_std has 2 values .* 12 clients"):
         trainer.fit(MLPClassifier(), datamodule=digits)
+
+
+def test_dfedem_clients_keep_their_own_models_and_a_complete_graph_reaches_consensus(digits):
+    trainer = make_trainer(
+        DFedEMStrategy(3, local_steps=2, edge_probability=1.0), max_epochs=2, limit_val_batches=0
+    )
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    state = trainer.lightning_module.client_state
+    assert sorted(state.personal) == list(range(12))
+    size = sum(p.numel() for p in trainer.lightning_module.models.parameters())
+    assert state.personal[0].numel() == size  # all K models of the client
+    for vector in state.personal.values():  # complete graph: W = 1/M everywhere
+        torch.testing.assert_close(vector, state.personal[0], rtol=0, atol=1e-6)
+    sparse = make_trainer(
+        DFedEMStrategy(3, local_steps=2, edge_probability=0.0), max_epochs=2, limit_val_batches=0
+    )
+    sparse.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    ring = sparse.lightning_module.client_state.personal
+    assert not torch.allclose(ring[0], ring[6])  # a ring mixes only neighbours: no consensus yet

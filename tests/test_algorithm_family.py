@@ -10,6 +10,7 @@ from torch.testing import assert_close
 from lightning_fedcluster.algorithms.base import Algorithm, ClientContext, ClientReport, Contribution
 from lightning_fedcluster.algorithms.cfl import CFL, bipartition, cosine_similarity_matrix, split_decision
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.dfedem import DFedEM, metropolis_weights, random_connected_graph
 from lightning_fedcluster.algorithms.fedrc import FedRC, adam_gamma_step, clusters_to_remove
 from lightning_fedcluster.algorithms.fedsoft import (
     FedSoft,
@@ -323,3 +324,35 @@ def test_round_buffer_segments_share_one_flat_tensor():
     assert buffer["reported"].tolist() == [0.0, 2.0]
     with pytest.raises(ValueError, match="shape"):
         buffer.replace(torch.zeros(3, dtype=F64))
+
+
+# --- D-FedEM ---------------------------------------------------------------------------------------------
+
+
+def test_dfedem_graph_is_connected_seeded_and_its_weights_doubly_stochastic():
+    graph = random_connected_graph(8, 0.3, seed=4)
+    assert torch.equal(graph, random_connected_graph(8, 0.3, seed=4))
+    assert torch.equal(graph, graph.T) and not bool(graph.diagonal().any())
+    assert all(bool(graph[i, (i + 1) % 8]) for i in range(8))  # the ring keeps it connected
+    weights = metropolis_weights(graph)
+    assert_close(weights, weights.T, **TIGHT)
+    assert_close(weights.sum(0), torch.ones(8, dtype=F64), **TIGHT)
+    assert_close(weights.sum(1), torch.ones(8, dtype=F64), **TIGHT)
+    assert bool((weights >= 0).all())
+
+
+def test_dfedem_mixing_by_hand_on_a_path():
+    # Path 0-1-2 (the ring on 3 nodes is a triangle, so build the path by hand): degrees 1, 2, 1.
+    path = torch.tensor([[False, True, False], [True, False, True], [False, True, False]])
+    weights = metropolis_weights(path)
+    third = 1 / 3
+    assert_close(weights, t([[1 - third, third, 0], [third, third, third], [0, third, 1 - third]]), **TIGHT)
+    rule = DFedEM(2, edge_probability=1.0)
+    personal = {0: torch.tensor([3.0, 0.0]), 1: torch.tensor([0.0, 3.0]), 2: torch.tensor([6.0, 6.0])}
+    rule.mix_personal(personal, 0)  # complete graph on 3 nodes: every weight is 1/3
+    for vector in personal.values():
+        assert_close(vector, torch.tensor([3.0, 3.0]))
+    plan = rule.local_plan(
+        ClientReport(gamma=t([[0.5, 0.5]]), omega=t([0.5, 0.5]), label_sums=t([[0.5, 0.5]])), ctx([0.5, 0.5])
+    )
+    assert plan.from_personal and plan.clusters == (0, 1)

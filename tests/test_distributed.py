@@ -13,8 +13,16 @@ import torch
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_digits.py"
 ROOT = Path(__file__).parent.parent
-DISTRIBUTED_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
-                         "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+DISTRIBUTED_VARIABLES = {
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+}
 
 
 def _run(devices: int, out: Path, strategy: str = "fedrc") -> None:
@@ -23,9 +31,23 @@ def _run(devices: int, out: Path, strategy: str = "fedrc") -> None:
     inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--devices", str(devices), "--rounds", "3", "--out", str(out),
-         "--strategy", strategy],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--devices",
+            str(devices),
+            "--rounds",
+            "3",
+            "--out",
+            str(out),
+            "--strategy",
+            strategy,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -49,8 +71,10 @@ def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(tmp_pa
     assert len(rank0 | rank1) == 3 * 10  # 3 rounds x 10 clients
 
 
-@pytest.mark.parametrize("strategy", ["fedrc_options", "fedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl",
-                                      "fedavg", "fedprox"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["fedrc_options", "fedem", "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox"],
+)
 def test_every_strategy_gives_the_same_result_on_two_processes(tmp_path, strategy):
     """Weights, client state (personal models, per-sample γ, split clusters) and test metrics agree."""
     _run(1, tmp_path / "one", strategy)

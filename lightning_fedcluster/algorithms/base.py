@@ -106,7 +106,8 @@ class Algorithm:
     uses_label_stats = False
     hard_prediction = False
     needs_model_distances = False  # FeSEM/WeCFL: distances of the trained model to every centre
-    keeps_personal_models = False  # FedSoft
+    keeps_personal_models = False  # FedSoft, D-FedEM
+    personal_copies = 1  # working copies a personal model spans (0: all K, D-FedEM)
     needs_update_vectors = False  # CFL
     # Per-sample client state kept between rounds (FedRC-Adam): names of [N, K] tensors.
     per_sample_state: tuple[str, ...] = ()
@@ -185,6 +186,10 @@ class Algorithm:
     def initial_personal_cluster(self, context: ClientContext) -> int:
         """The cluster whose model starts a client's personal model (``keeps_personal_models``)."""
         return 0
+
+    def mix_personal(self, personal: dict[int, Tensor], round_index: int) -> None:
+        """Server-free mixing of the stored personal models after a round (D-FedEM's gossip)."""
+        return None
 
     def clusters_to_remove(self, state: ClientState, sizes: Tensor) -> Tensor | None:
         """[K] bool mask of clusters to remove after this round (adaptive K), or None."""

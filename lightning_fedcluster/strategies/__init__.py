@@ -3,7 +3,7 @@
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.fedrc import FedEMStrategy, FedRCStrategy
+from lightning_fedcluster.strategies.fedrc import DFedEMStrategy, FedEMStrategy, FedRCStrategy
 from lightning_fedcluster.strategies.fedsoft import FedSoftStrategy
 from lightning_fedcluster.strategies.hard import (
     CFLStrategy,
@@ -17,6 +17,7 @@ from lightning_fedcluster.strategies.hard import (
 _REGISTRY = {
     "fedrc": (FedRCStrategy, "FedRC with three clusters"),
     "fedem": (FedEMStrategy, "FedEM with three components"),
+    "dfedem": (DFedEMStrategy, "decentralised FedEM with three components"),
     "ifca": (IFCAStrategy, "IFCA with three clusters"),
     "fesem": (FeSEMStrategy, "FeSEM with three clusters"),
     "wecfl": (WeCFLStrategy, "WeCFL with three clusters"),
@@ -31,6 +32,7 @@ for _name, (_cls, _description) in _REGISTRY.items():
 
 __all__ = [
     "CFLStrategy",
+    "DFedEMStrategy",
     "FedAvgStrategy",
     "FedEMStrategy",
     "FedProxStrategy",

@@ -35,6 +35,7 @@ STRATEGIES = {
         shared_layers=("net.0",), finetune_epochs=1,
     ),
     "fedem": lambda cpr: lf.FedEMStrategy(3, clients_per_round=cpr, local_steps=3),
+    "dfedem": lambda cpr: lf.DFedEMStrategy(3, local_steps=3),
     "ifca": lambda cpr: lf.IFCAStrategy(3, clients_per_round=cpr, local_steps=3),
     "fesem": lambda cpr: lf.FeSEMStrategy(3, clients_per_round=cpr, local_steps=3),
     "wecfl": lambda cpr: lf.WeCFLStrategy(3, clients_per_round=cpr, local_steps=3),
