@@ -356,3 +356,19 @@ def test_dfedem_mixing_by_hand_on_a_path():
         ClientReport(gamma=t([[0.5, 0.5]]), omega=t([0.5, 0.5]), label_sums=t([[0.5, 0.5]])), ctx([0.5, 0.5])
     )
     assert plan.from_personal and plan.clusters == (0, 1)
+
+
+def test_zero_weight_client_changes_nothing_in_the_average():
+    from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_weighted_update
+
+    reference = [t([1.0, 2.0])]
+    accumulator = [torch.zeros(2, dtype=F64)]
+    accumulate_delta(accumulator, [t([3.0, 2.0])], reference, 5.0)  # Δ = [2, 0], weight 5
+    accumulate_delta(accumulator, [t([100.0, -50.0])], reference, 0.0)  # a zero-weight client
+    model = [reference[0].clone()]
+    apply_weighted_update(model, accumulator, 5.0)
+    assert_close(model[0], t([3.0, 2.0]), **TIGHT)
+    # A soft cluster with zero responsibility on a client is not trained and gets no update from it.
+    rule = Algorithm(2)
+    report = rule.e_step(t([[0.0, 1e6]]), torch.tensor([0]), ctx([1.0, 0.0]), None)
+    assert report.gamma[0, 1] == 0.0
