@@ -423,7 +423,7 @@ class ClusteredModule(pl.LightningModule):
         """Per-client flat model vectors this round needs (personal models, CFL updates)."""
         if self.rule.keeps_personal_models:
             return sum(t.numel() for k in self._personal_copies() for t in self._global[k])
-        if self.rule.needs_update_vectors:
+        if self.rule.needs_update_vectors or self.rule.wants_model_vectors(self.client_state):
             return sum(t.numel() for t in self._global[0])
         return 0
 
@@ -450,6 +450,8 @@ class ClusteredModule(pl.LightningModule):
                 extra[name] = value[start:stop].to(self.device)
             elif value.dim() > 0 and value.shape[0] == state.num_clients:
                 extra[name] = value[client].to(self.device)
+            elif value.dim() == 0:
+                extra[name] = value
         if self._membership is not None:
             extra["selected"] = self._membership[client]
         return ClientContext(
@@ -733,6 +735,8 @@ class ClusteredModule(pl.LightningModule):
                 f"{remove.nonzero().flatten().tolist()} "
                 f"(share of γ below the threshold); {int(state.active.sum())} remain"
             )
+        if self._round_vectors is not None and self.rule.wants_model_vectors(state):
+            self._initialise_centres()
         if self.rule.needs_update_vectors and self._round_vectors is not None:
             reported = (self._round_report["reported"] > 0).cpu()
             clusters = self._round_report["omega"].cpu().argmax(1)[reported]
@@ -749,6 +753,29 @@ class ClusteredModule(pl.LightningModule):
                     f"round {self.trainer.current_epoch}: CFL split cluster {parent}; clients "
                     f"{movers.tolist()} move to new cluster {child}"
                 )
+
+    def _initialise_centres(self) -> None:
+        """K-means initialisation from the round's locally trained models (FeSEM/WeCFL): the rule
+        picks K clients whose models become the centres and assigns every client to its nearest."""
+        assert self.client_state is not None and self._round_vectors is not None
+        reported = (self._round_report["reported"] > 0).cpu()
+        clients = self._round_clients[reported]
+        vectors = self._round_vectors["vectors"].cpu()[reported]
+        centres, assignment = self.rule.initial_centres(
+            vectors, self.trainer.current_epoch, self.client_state.active
+        )
+        with torch.no_grad():
+            for k, row in centres.items():
+                offset = 0
+                for g in self._global[k]:
+                    g.copy_(vectors[row, offset : offset + g.numel()].view_as(g).to(g))
+                    offset += g.numel()
+        self.client_state.omega[clients] = torch.nn.functional.one_hot(assignment, self.num_clusters).double()
+        self.client_state.extra["centres_ready"] = torch.tensor(1.0)
+        rank_zero_info(
+            f"round {self.trainer.current_epoch}: centres initialised from the models of clients "
+            f"{[int(clients[row]) for row in centres.values()]}"
+        )
 
     def _set_round_metrics(self) -> None:
         assert self.client_state is not None

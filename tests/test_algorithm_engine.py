@@ -272,3 +272,19 @@ def test_dfedem_clients_keep_their_own_models_and_a_complete_graph_reaches_conse
     sparse.fit(MLPClassifier(lr=0.2), datamodule=digits)
     ring = sparse.lightning_module.client_state.personal
     assert not torch.allclose(ring[0], ring[6])  # a ring mixes only neighbours: no consensus yet
+
+
+def test_fesem_initialises_centres_from_the_first_rounds_local_models(digits):
+    trainer = make_trainer(
+        FeSEMStrategy(3, clients_per_round=6, local_steps=2), max_epochs=1, limit_val_batches=0
+    )
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    module = trainer.lightning_module
+    state = module.client_state
+    assert float(state.extra["centres_ready"]) == 1.0
+    assigned = state.omega[state.seen]
+    assert torch.equal(assigned.sum(1), torch.ones(6, dtype=torch.float64)) and assigned.max() == 1.0
+    # The three centres are three different local models trained from the same start.
+    flat = [torch.cat([p.flatten() for p in m.parameters()]) for m in module.models]
+    assert not torch.equal(flat[0], flat[1]) and not torch.equal(flat[1], flat[2])
+    assert len(set(assigned.argmax(1).tolist())) >= 2

@@ -372,3 +372,27 @@ def test_zero_weight_client_changes_nothing_in_the_average():
     rule = Algorithm(2)
     report = rule.e_step(t([[0.0, 1e6]]), torch.tensor([0]), ctx([1.0, 0.0]), None)
     assert report.gamma[0, 1] == 0.0
+
+
+def test_fesem_kmeans_initialisation_from_local_models():
+    rule = FeSEM(2, seed=1)
+    not_ready = {"centres_ready": torch.tensor(0.0)}
+    report = rule.e_step(t([[0.0, 0.0]]), torch.tensor([0]), ctx([0.5, 0.5], client=3, extra=not_ready), None)
+    assert torch.equal(report.omega, t([1.0, 0.0]))  # everybody trains the common model 0 first
+    same = rule.reassign(report, t([9.0, 0.0]), ctx([0.5, 0.5], extra=not_ready))
+    assert torch.equal(same.omega, report.omega)  # the server assigns after the first round
+    state = ClientState.initial(4, 2, 2)
+    state.extra.update(rule.initial_extra(4, 8))
+    assert rule.wants_model_vectors(state)
+    vectors = torch.tensor([[0.0, 0.0], [0.1, 0.0], [5.0, 5.0], [5.0, 4.9]])
+    centres, assignment = rule.initial_centres(vectors, 0, torch.ones(2, dtype=torch.bool))
+    rows = sorted(centres.values())
+    assert (
+        len(set(rows)) == 2
+        and centres == rule.initial_centres(vectors, 0, torch.ones(2, dtype=torch.bool))[0]
+    )
+    for row, cluster in enumerate(assignment.tolist()):  # every model joins its nearest centre
+        nearest = min(centres, key=lambda k: float((vectors[row] - vectors[centres[k]]).square().sum()))
+        assert cluster == nearest
+    state.extra["centres_ready"] = torch.tensor(1.0)
+    assert not rule.wants_model_vectors(state)

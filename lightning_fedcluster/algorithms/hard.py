@@ -24,6 +24,7 @@ from lightning_fedcluster.algorithms.base import (
     one_hot,
     with_omega,
 )
+from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import label_sums
 from lightning_fedcluster.algorithms.schedule import derive_seed
 
@@ -56,7 +57,14 @@ def initial_assignment(seed: int, client: int, active: Tensor) -> int:
 
 class FeSEM(HardAssignment):
     """FeSEM (``weighted=False``, every member counts 1) and WeCFL (``weighted=True``, members
-    weighted by N_i). ``seed`` draws the initial assignment of each client."""
+    weighted by N_i).
+
+    Initialisation is K-means': in the first round every client trains the same model (cluster
+    0's), then the server takes K of those local models, drawn with ``seed``, as the centres and
+    assigns every client to the nearest. (Independently initialised centres would be so far
+    apart in parameter space that no client ever changes cluster.) A client that joins later
+    starts in a seeded random cluster and moves to the nearest centre after its local training.
+    """
 
     needs_model_distances = True
 
@@ -85,10 +93,32 @@ class FeSEM(HardAssignment):
             )
         return mask
 
+    def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
+        return {"centres_ready": torch.tensor(0.0)}
+
+    def wants_model_vectors(self, state: ClientState | None) -> bool:
+        return state is not None and not bool(state.extra.get("centres_ready", torch.tensor(1.0)))
+
+    def initial_centres(
+        self, vectors: Tensor, round_index: int, active: Tensor
+    ) -> tuple[dict[int, int], Tensor]:
+        """K distinct local models, drawn with the seed, become the centres; every model joins the
+        nearest (squared L2). Returns ({cluster: row of vectors}, cluster of every row)."""
+        clusters = active.nonzero().flatten().tolist()
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_index, 0xCE))
+        rows = torch.randperm(vectors.shape[0], generator=generator)[: len(clusters)].tolist()
+        centres = dict(zip(clusters, rows, strict=False))
+        chosen = vectors[list(centres.values())].to(torch.float64)
+        distances = torch.cdist(vectors.to(torch.float64), chosen).square()
+        assignment = torch.tensor(list(centres))[distances.argmin(1)]
+        return centres, assignment
+
     def e_step(
         self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
     ) -> ClientReport:
-        if context.seen and bool(context.active[int(torch.argmax(context.omega))]):
+        if not bool(context.extra.get("centres_ready", torch.tensor(1.0))):
+            k = 0  # before the centres exist everybody trains the same model
+        elif context.seen and bool(context.active[int(torch.argmax(context.omega))]):
             k = int(torch.argmax(context.omega))
         else:
             k = initial_assignment(self.seed, context.client, context.active)
@@ -98,7 +128,10 @@ class FeSEM(HardAssignment):
         return LocalPlan(clusters=(int(torch.argmax(report.omega)),))
 
     def reassign(self, report: ClientReport, distances: Tensor, context: ClientContext) -> ClientReport:
-        """Join the nearest active centre (``distances`` [K]: ‖g_i − G_k‖²)."""
+        """Join the nearest active centre (``distances`` [K]: ‖g_i − G_k‖²); before the centres are
+        initialised, the server assigns instead."""
+        if not bool(context.extra.get("centres_ready", torch.tensor(1.0))):
+            return report
         k = argmin_active(distances.to(torch.float64), context.active)
         return with_omega(report, one_hot(k, report.omega.shape[0], report.omega))
 

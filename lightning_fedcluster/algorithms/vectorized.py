@@ -1,0 +1,279 @@
+"""Vectorised client execution with ``torch.func``: pure tensor math, no Lightning.
+
+The engine simulates clients one after another on K working copies. For small models the
+per-client Python and kernel-launch overhead dominates, and running all (client, cluster)
+pairs of a round at once is faster. This module provides the pieces:
+
+- ``stack_models`` / ``expand_clients``: the K cluster models as one set of stacked tensors
+  (leading axis K), and copies per client (leading axes [C, K]).
+- ``cluster_losses``: the no-grad E-step forward of the K models over many clients' samples at
+  once (the K global models are the same for every client, so the round's samples are simply
+  concatenated), with ``pad_clients`` and ``batched_e_step`` to run the FedRC/FedEM E-step of
+  every client together on padded [C, N_max, K] tensors with a mask for ragged client sizes.
+- ``local_sgd``: the weighted local steps of every (client, cluster) pair,
+  loss_{c,k} = (1/B_c) Σ_j w_{c,j,k} f(x_{c,j}, y_{c,j}; θ_{c,k}), with torch.optim.SGD's update
+  rule (momentum, dampening, Nesterov, weight decay) and a fresh optimizer state per client,
+  as in the engine. Ragged clients are padded (zero weight) and masked (no update once a client
+  has run its steps, none for a cluster the client does not train).
+- ``engine_batches``: the engine's minibatch order (batch min(B, N_c), positions wrapping
+  modulo N_c through the client's permutation) for every client at once.
+
+Models must be functional: buffers are read only (BatchNorm in training mode is refused), and
+random layers need ``randomness="different"`` (their random streams differ from the loop's).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, stack_module_state, vmap
+
+Params = dict[str, Tensor]
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+__all__ = [
+    "SGDConfig",
+    "StepBatch",
+    "batched_e_step",
+    "cluster_losses",
+    "engine_batches",
+    "expand_clients",
+    "functional_template",
+    "local_sgd",
+    "pad_clients",
+    "stack_models",
+]
+
+
+def _cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+def functional_template(model: nn.Module) -> nn.Module:
+    """A parameter-free copy of ``model`` (on the meta device) to call with stacked tensors.
+
+    Refuses modules whose forward would update buffers (BatchNorm with running statistics in
+    training mode): under ``vmap`` the update cannot be written back.
+    """
+    for sub in model.modules():
+        if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.training and sub.track_running_stats:
+            raise NotImplementedError(
+                f"{type(sub).__name__} in training mode updates its running statistics, which the "
+                "vectorised executor cannot do: use the loop executor for this model"
+            )
+    return copy.deepcopy(model).to("meta")
+
+
+def stack_models(models: Sequence[nn.Module]) -> tuple[Params, Params]:
+    """The K models' parameters and buffers stacked on a new leading axis (detached copies)."""
+    params, buffers = stack_module_state(list(models))
+    return (
+        {n: p.detach().clone() for n, p in params.items()},
+        {n: b.detach().clone() for n, b in buffers.items()},
+    )
+
+
+def expand_clients(params: Params, num_clients: int) -> Params:
+    """Per-client working copies: [K, ...] → [C, K, ...] (materialised, so they can be updated)."""
+    return {n: p.unsqueeze(0).expand(num_clients, *p.shape).clone() for n, p in params.items()}
+
+
+@torch.no_grad()
+def cluster_losses(
+    template: nn.Module,
+    params: Params,
+    buffers: Params,
+    x: Tensor,
+    y: Tensor | None = None,
+    *,
+    loss_fn: LossFn = _cross_entropy,
+    chunk_size: int = 4096,
+) -> tuple[Tensor | None, Tensor]:
+    """One no-grad pass of the K stacked models over ``x`` (any number of clients' samples,
+    concatenated), in chunks of ``chunk_size`` samples.
+
+    Returns the per-sample losses [N, K] (None without labels) and the outputs [K, N, ...].
+    Call it with ``template`` in eval mode for the engine's E-step semantics.
+    """
+
+    def forward(p: Params, b: Params, xb: Tensor) -> Tensor:
+        return functional_call(template, (p, b), (xb,))
+
+    batched = vmap(forward, in_dims=(0, 0, None))
+    outputs, losses = [], []
+    for start in range(0, x.shape[0], chunk_size):
+        out = batched(params, buffers, x[start : start + chunk_size])  # [K, n, ...]
+        outputs.append(out)
+        if y is not None:
+            yb = y[start : start + chunk_size]
+            losses.append(torch.stack([loss_fn(out[k], yb) for k in range(out.shape[0])], dim=1))
+    out_all = torch.cat(outputs, dim=1)
+    return (torch.cat(losses) if y is not None else None), out_all
+
+
+def pad_clients(values: Tensor, offsets: Tensor, fill: float | int = 0) -> tuple[Tensor, Tensor]:
+    """Rows of C clients (client c owns rows offsets[c]:offsets[c+1]) as [C, N_max, ...] plus a
+    boolean mask [C, N_max] of real rows; padding holds ``fill``."""
+    sizes = offsets.diff()
+    count, longest = sizes.numel(), int(sizes.max()) if sizes.numel() else 0
+    mask = torch.arange(longest, device=values.device).unsqueeze(0) < sizes.to(values.device).unsqueeze(1)
+    padded = values.new_full((count, longest, *values.shape[1:]), fill)
+    padded[mask] = values[int(offsets[0]) : int(offsets[-1])]
+    return padded, mask
+
+
+def batched_e_step(
+    losses: Tensor,
+    labels: Tensor,
+    mask: Tensor,
+    log_omega: Tensor,
+    log_label_stats: Tensor | None,
+    num_classes: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The FedRC E-step (FedEM with ``log_label_stats=None``) of C clients at once.
+
+    ``losses`` [C, N, K], ``labels`` [C, N], ``mask`` [C, N] (real samples), ``log_omega``
+    [C, K] (each client's prior), ``log_label_stats`` [Y, K] or None. Returns γ [C, N, K]
+    (zero on padding), ω [C, K] = mean of γ over each client's real samples, and the label
+    sums S [C, Y, K]. Works in the dtype of ``losses`` (float64 recommended).
+    """
+    scores = log_omega.to(losses.dtype).unsqueeze(1) - losses
+    if log_label_stats is not None:
+        scores = scores - log_label_stats.to(losses.dtype)[labels]
+    gamma = torch.softmax(scores, dim=2) * mask.unsqueeze(2).to(losses.dtype)
+    counts = mask.sum(1, keepdim=True).to(losses.dtype)
+    omega = gamma.sum(1) / counts.clamp_min(1)
+    clients, n, k = gamma.shape
+    sums = torch.zeros(clients, num_classes, k, dtype=losses.dtype, device=losses.device)
+    sums.scatter_add_(1, labels.clamp(0, num_classes - 1).unsqueeze(2).expand(clients, n, k), gamma)
+    return gamma, omega, sums
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    """torch.optim.SGD's hyper-parameters (one parameter group)."""
+
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    @classmethod
+    def from_optimizer(cls, optimizer: torch.optim.Optimizer) -> SGDConfig:
+        """Read the configuration of a plain SGD optimizer (all groups must agree)."""
+        if type(optimizer) is not torch.optim.SGD:
+            raise TypeError(f"the vectorised executor implements SGD only, got {type(optimizer).__name__}")
+        keys = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+        settings = {tuple(group[key] for key in keys) for group in optimizer.param_groups}
+        if len(settings) != 1:
+            raise ValueError("the vectorised executor needs one SGD setting for all parameter groups")
+        group = optimizer.param_groups[0]
+        if group.get("maximize", False):
+            raise ValueError("maximize=True is not supported by the vectorised executor")
+        return cls(**{key: group[key] for key in keys})
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One local step of C clients: inputs [C, B, ...], labels [C, B], sample weights
+    [C, B, K] (0 on padding), the loss divisor B_c [C], and which pairs step [C, K] (bool)."""
+
+    x: Tensor
+    y: Tensor
+    weights: Tensor
+    divisor: Tensor
+    active: Tensor
+
+
+def local_sgd(
+    template: nn.Module,
+    params: Params,
+    buffers: Params,
+    batches: Iterator[StepBatch] | Sequence[StepBatch],
+    config: SGDConfig,
+    *,
+    loss_fn: LossFn = _cross_entropy,
+    randomness: str = "error",
+) -> Params:
+    """Run the local SGD steps of every (client, cluster) pair; returns the final [C, K, ...]
+    parameters (``params`` is not modified). ``buffers`` are the K clusters' [K, ...] buffers."""
+
+    def pair_loss(p: Params, b: Params, x: Tensor, y: Tensor, w: Tensor, divisor: Tensor) -> Tensor:
+        out = functional_call(template, (p, b), (x,))
+        return (w * loss_fn(out, y)).sum() / divisor
+
+    # Inner map: the K clusters of one client (same samples, own weights column); outer: clients.
+    per_client = vmap(grad(pair_loss), in_dims=(0, 0, None, None, 1, None), randomness=randomness)
+    all_pairs = vmap(per_client, in_dims=(0, None, 0, 0, 0, 0), randomness=randomness)
+    theta = {n: p.detach().clone() for n, p in params.items()}
+    momentum: Params = {}
+    started: Tensor | None = None  # [C, K]: pairs whose momentum buffer exists
+    for batch in batches:
+        grads = all_pairs(theta, buffers, batch.x, batch.y, batch.weights, batch.divisor.to(batch.weights))
+        active = batch.active
+        first = active if started is None else active & ~started
+        started = active.clone() if started is None else started | active
+        for name, p in theta.items():
+            shape = active.shape + (1,) * (p.dim() - 2)
+            step_mask, first_mask = active.view(shape), first.view(shape)
+            d = grads[name]
+            if config.weight_decay:
+                d = d + config.weight_decay * p
+            if config.momentum:
+                buf = momentum.get(name)
+                update = (
+                    d
+                    if buf is None
+                    else torch.where(first_mask, d, config.momentum * buf + (1 - config.dampening) * d)
+                )
+                momentum[name] = update if buf is None else torch.where(step_mask, update, buf)
+                d = d + config.momentum * update if config.nesterov else update
+            theta[name] = torch.where(step_mask, p - config.lr * d, p)
+    return theta
+
+
+def engine_batches(
+    x: Tensor,
+    y: Tensor,
+    weights: Tensor,
+    offsets: Tensor,
+    orders: Sequence[Tensor],
+    steps: Tensor,
+    batch_size: int,
+    trained: Tensor | None = None,
+) -> Iterator[StepBatch]:
+    """The engine's local minibatches of C clients at once, step by step.
+
+    ``x``/``y``/``weights`` [N, ...] hold the clients' samples concatenated (client c owns rows
+    offsets[c]:offsets[c+1]; weights [N, K]); ``orders[c]`` is client c's sample permutation;
+    ``steps`` [C] its number of local steps; ``trained`` [C, K] (default: clusters with positive
+    total weight) which clusters it trains. Client c's step s uses positions
+    (s·B_c + 0..B_c−1) mod N_c of its permutation, B_c = min(batch_size, N_c); shorter batches
+    are padded with zero-weight rows.
+    """
+    sizes = offsets.diff()
+    count = sizes.numel()
+    device = x.device
+    per_batch = torch.clamp(sizes, max=batch_size)
+    longest = int(per_batch.max())
+    if trained is None:
+        totals = torch.stack([weights[int(offsets[c]) : int(offsets[c + 1])].sum(0) for c in range(count)])
+        trained = totals > 0
+    local_offsets = torch.cat([torch.zeros(1, dtype=sizes.dtype), sizes.cumsum(0)])
+    order_pad, _ = pad_clients(torch.cat(list(orders)).to(device), local_offsets)
+    lane = torch.arange(longest, device=device).unsqueeze(0)
+    per_batch_d, sizes_d = per_batch.to(device).unsqueeze(1), sizes.to(device).unsqueeze(1)
+    starts = offsets[:-1].to(device).unsqueeze(1)
+    valid = lane < per_batch_d  # [C, B]
+    for step in range(int(steps.max())):
+        positions = (step * per_batch_d + lane) % sizes_d
+        rows = torch.where(valid, starts + order_pad.gather(1, positions), starts)
+        w = weights[rows] * valid.unsqueeze(2).to(weights.dtype)
+        active = trained.to(device) & (step < steps.to(device)).unsqueeze(1)
+        yield StepBatch(x=x[rows], y=y[rows], weights=w, divisor=per_batch.to(device), active=active)
