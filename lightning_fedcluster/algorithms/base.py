@@ -195,6 +195,17 @@ class Algorithm:
         """[K] bool mask of clusters to remove after this round (adaptive K), or None."""
         return None
 
+    def wants_model_vectors(self, state: ClientState | None) -> bool:
+        """Whether the server needs this round's locally trained models (FeSEM's K-means init)."""
+        return False
+
+    def initial_centres(
+        self, vectors: Tensor, round_index: int, active: Tensor
+    ) -> tuple[dict[int, int], Tensor]:
+        """Centres from the round's local models ``vectors`` [n, P]: {cluster: row} and every row's
+        cluster [n]."""
+        raise NotImplementedError
+
     def plan_splits(
         self, clusters: Tensor, updates: Tensor, sizes: Tensor, active: Tensor
     ) -> list[tuple[int, int, Tensor]]:
