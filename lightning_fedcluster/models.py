@@ -5,6 +5,7 @@ there so they also train on their own with a plain Trainer."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -75,8 +76,12 @@ class FashionCNN(pl.LightningModule):
             raise ValueError(f"lr must be > 0, got {lr}")
         self.save_hyperparameters()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 32, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(), nn.Linear(64 * side * side, 2048), nn.ReLU(), nn.Linear(2048, num_classes)
@@ -95,3 +100,98 @@ class FashionCNN(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
+
+
+class LinearRegressor(pl.LightningModule):
+    """Linear regression ŷ = W x (+ b), output [batch, out_dim]; FedSoft's synthetic model is
+    ``LinearRegressor(10, 1, bias=False, optimizer="adam", lr=5e-3)`` with Xavier-normal init.
+
+    Args:
+        optimizer: "sgd" (with ``momentum``) or "adam" — the local solver of every client.
+    """
+
+    def __init__(
+        self,
+        in_features: int = 10,
+        out_dim: int = 1,
+        bias: bool = False,
+        lr: float = 5e-3,
+        optimizer: str = "adam",
+        momentum: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if in_features < 1 or out_dim < 1:
+            raise ValueError(
+                f"LinearRegressor needs in_features >= 1 and out_dim >= 1, got {in_features}, {out_dim}"
+            )
+        _check_optimizer(lr, optimizer)
+        self.save_hyperparameters()
+        self.linear = nn.Linear(in_features, out_dim, bias=bias)
+        nn.init.xavier_normal_(self.linear.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x.flatten(1))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x).reshape(y.shape), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        hp = self.hparams
+        return _make_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum)
+
+
+class MLPRegressor(pl.LightningModule):
+    """A multilayer perceptron for regression on flat inputs, output [batch, out_dim]."""
+
+    def __init__(
+        self,
+        in_features: int = 10,
+        out_dim: int = 1,
+        hidden: Sequence[int] = (64,),
+        lr: float = 0.01,
+        optimizer: str = "sgd",
+        momentum: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if in_features < 1 or out_dim < 1 or any(h < 1 for h in hidden):
+            raise ValueError(
+                f"MLPRegressor needs in_features >= 1, out_dim >= 1 and positive hidden sizes, got "
+                f"in_features={in_features}, out_dim={out_dim}, hidden={tuple(hidden)}"
+            )
+        _check_optimizer(lr, optimizer)
+        self.save_hyperparameters()
+        sizes = [in_features, *hidden]
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        layers.append(nn.Linear(sizes[-1], out_dim))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x.flatten(1))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x).reshape(y.shape), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        hp = self.hparams
+        return _make_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum)
+
+
+def _check_optimizer(lr: float, optimizer: str) -> None:
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+
+
+def _make_optimizer(params: Any, name: str, lr: float, momentum: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)

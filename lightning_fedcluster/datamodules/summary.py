@@ -1,0 +1,204 @@
+"""Diagnostics of a federated scenario: per-client label distribution and client types.
+
+`client_rows` gives one row per client (concept, feature style, sizes, label mix), `format_summary`
+a printable table plus a client-type count, and `summary_figure` the same as a matplotlib figure
+(matplotlib is imported only there). Ground truth comes from the datamodule's metadata.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_fedcluster.datamodules.federated import FederatedDataModule
+
+__all__ = ["client_rows", "client_type_counts", "format_summary", "label_counts", "summary_figure"]
+
+
+def _check(dm: Any) -> FederatedDataModule:
+    if not isinstance(dm, FederatedDataModule):
+        raise TypeError(f"expected a FederatedDataModule, got {type(dm).__name__}")
+    return dm
+
+
+def _per_client(y: Tensor, offsets: Tensor, num_classes: int) -> Tensor:
+    owner = torch.repeat_interleave(torch.arange(offsets.numel() - 1), offsets.diff())
+    counts = torch.zeros(offsets.numel() - 1, num_classes, dtype=torch.long)
+    counts.index_put_((owner, y), torch.ones_like(y), accumulate=True)
+    return counts
+
+
+def label_counts(dm: FederatedDataModule, split: str = "all") -> Tensor:
+    """Label counts per client, LongTensor [M, C] (classification only).
+
+    `split`: "train", "test" or "all" (train + test); "global" gives the global clients' [G, C].
+    """
+    dm = _check(dm)
+    if dm.num_classes is None:
+        raise ValueError("label_counts needs a classification task; this datamodule is a regression task")
+    c = dm.num_classes
+    if split == "train":
+        return _per_client(dm.train_y, dm.train_offsets, c)
+    if split == "test":
+        return _per_client(dm.test_y, dm.test_offsets, c)
+    if split == "all":
+        return _per_client(dm.train_y, dm.train_offsets, c) + _per_client(dm.test_y, dm.test_offsets, c)
+    if split == "global":
+        return _per_client(dm.global_y, dm.global_offsets, c)
+    raise ValueError(f"split must be 'train', 'test', 'all' or 'global', got {split!r}")
+
+
+def client_rows(dm: FederatedDataModule) -> list[dict[str, Any]]:
+    """One dict per participating client: client, concept, feature_style, train_size, test_size,
+    and label_shares (list over classes, train + test) for classification or target_mean /
+    target_std for regression; `mixture` (list) when the metadata has true mixtures."""
+    dm = _check(dm)
+    meta = dm.metadata
+    counts = label_counts(dm) if dm.task == "classification" else None
+    rows = []
+    for i in range(dm.num_clients):
+        row: dict[str, Any] = {
+            "client": i,
+            "concept": int(meta.concept[i]),
+            "feature_style": meta.feature_style[i],
+            "train_size": int(dm.train_sizes[i]),
+            "test_size": int(dm.test_sizes[i]),
+        }
+        if counts is not None:
+            total = max(1, int(counts[i].sum()))
+            row["label_shares"] = [round(int(n) / total, 4) for n in counts[i]]
+        else:
+            y = torch.cat([dm.train_split(i)[1], dm.test_split(i)[1]]).double()
+            row["target_mean"] = float(y.mean())
+            row["target_std"] = float(y.std()) if y.shape[0] > 1 else 0.0
+        if meta.mixture is not None:
+            row["mixture"] = [round(float(w), 4) for w in meta.mixture[i]]
+        rows.append(row)
+    return rows
+
+
+def client_type_counts(dm: FederatedDataModule) -> dict[tuple[int, str], int]:
+    """Number of clients per (concept, feature kind), the kind being "clean" or the corruption
+    name without its severity."""
+    dm = _check(dm)
+    kinds = [s.split(":")[0] for s in dm.metadata.feature_style]
+    return dict(sorted(Counter(zip(dm.metadata.concept.tolist(), kinds, strict=True)).items()))
+
+
+def _label_text(shares: list[float], top: int = 3) -> str:
+    order = sorted(range(len(shares)), key=lambda c: -shares[c])[:top]
+    return " ".join(f"{c}:{shares[c]:.2f}" for c in order if shares[c] > 0)
+
+
+def format_summary(dm: FederatedDataModule, max_rows: int | None = 50) -> str:
+    """A plain-text table: one line per client (the first `max_rows`), then the client-type
+    counts, then the global test clients."""
+    dm = _check(dm)
+    rows = client_rows(dm)
+    regression = dm.task == "regression"
+    last = "target mean±std" if regression else "top labels (share)"
+    lines = [f"{'client':>6} {'concept':>7} {'feature':<20} {'train':>6} {'test':>5}  {last}"]
+    for row in rows[: max_rows if max_rows is not None else len(rows)]:
+        if regression:
+            tail = f"{row['target_mean']:.3g}±{row['target_std']:.3g}"
+        else:
+            tail = _label_text(row["label_shares"])
+        if "mixture" in row:
+            tail += "  mixture " + "/".join(f"{w:.2f}" for w in row["mixture"])
+        lines.append(
+            f"{row['client']:>6} {row['concept']:>7} {row['feature_style']:<20} "
+            f"{row['train_size']:>6} {row['test_size']:>5}  {tail}"
+        )
+    if max_rows is not None and len(rows) > max_rows:
+        lines.append(f"... {len(rows) - max_rows} more clients")
+    lines += ["", f"{'concept':>7} {'feature':<20} {'clients':>7}"]
+    for (concept, kind), count in client_type_counts(dm).items():
+        lines.append(f"{concept:>7} {kind:<20} {count:>7}")
+    if dm.num_global_clients:
+        sizes = dm.global_offsets.diff().tolist()
+        lines += [
+            "",
+            "global test clients: "
+            + ", ".join(
+                f"#{g} concept {int(dm.metadata.global_concept[g])} ({sizes[g]} samples)"
+                for g in range(dm.num_global_clients)
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def summary_figure(dm: FederatedDataModule) -> Any:
+    """A matplotlib Figure: per-client label shares (or target spread) as stacked bars with the
+    clients ordered by concept, client sizes, and the concept × feature-kind client counts."""
+    dm = _check(dm)
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(
+            "summary_figure draws with matplotlib, which is not installed: pip install matplotlib "
+            "(format_summary gives the same information as text)"
+        ) from error
+
+    order = torch.argsort(dm.metadata.concept, stable=True).tolist()
+    sizes = (dm.train_sizes + dm.test_sizes)[order].tolist()
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    left, middle, right = fig.subplots(1, 3, width_ratios=[3, 1.5, 1.5])
+    positions = list(range(len(order)))
+    if dm.task == "classification":
+        shares = label_counts(dm).double()
+        shares = (shares / shares.sum(dim=1, keepdim=True).clamp_min(1))[order]
+        bottom = torch.zeros(len(order), dtype=torch.float64)
+        colours = _colours(dm.num_classes or 1)
+        for c in range(shares.shape[1]):
+            left.bar(
+                positions,
+                shares[:, c].tolist(),
+                bottom=bottom.tolist(),
+                width=1.0,
+                color=colours[c],
+                label=str(c) if shares.shape[1] <= 20 else None,
+            )
+            bottom += shares[:, c]
+        left.set_ylabel("label share")
+        if shares.shape[1] <= 20:
+            left.legend(title="label", fontsize=6, ncols=1, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        rows = client_rows(dm)
+        means = [rows[i]["target_mean"] for i in order]
+        stds = [rows[i]["target_std"] for i in order]
+        left.errorbar(positions, means, yerr=stds, fmt="o", markersize=2)
+        left.set_ylabel("target mean ± std")
+    concepts = dm.metadata.concept[order].tolist()
+    for p in range(1, len(order)):
+        if concepts[p] != concepts[p - 1]:
+            left.axvline(p - 0.5, color="black", linewidth=1)
+    left.set_xlabel("client (ordered by concept)")
+    left.set_title("per-client label distribution")
+    middle.bar(positions, sizes, width=1.0, color="grey")
+    middle.set_xlabel("client (ordered by concept)")
+    middle.set_title("samples per client")
+    counts = client_type_counts(dm)
+    concept_ids = sorted({c for c, _ in counts})
+    kinds = sorted({k for _, k in counts}, key=lambda k: (k != "clean", k))
+    grid = [[counts.get((c, k), 0) for k in kinds] for c in concept_ids]
+    right.imshow(grid, cmap="Blues", aspect="auto")
+    right.set_xticks(range(len(kinds)), kinds, rotation=60, ha="right", fontsize=7)
+    right.set_yticks(range(len(concept_ids)), [f"concept {c}" for c in concept_ids], fontsize=7)
+    top = max(max(line) for line in grid)
+    for r, line in enumerate(grid):
+        for k, value in enumerate(line):
+            if value:
+                colour = "white" if value > top / 2 else "black"
+                right.text(k, r, str(value), ha="center", va="center", fontsize=7, color=colour)
+    right.set_title("client types")
+    return fig
+
+
+def _colours(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab20" if n > 10 else "tab10"]
+    return [cmap(i % cmap.N) for i in range(n)]
