@@ -7,9 +7,13 @@ import warnings
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+# The tests train tiny models, where intra-op threads only add overhead (and slow everything down
+# badly on a loaded machine); one thread also makes results independent of the core count.
+torch.set_num_threads(1)
 for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
     logging.getLogger(name).setLevel(logging.ERROR)
 
