@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import lightning.pytorch as pl
@@ -13,6 +14,8 @@ warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*LeafSpec.*")
 # The tests train tiny models, where intra-op threads only add overhead (and slow everything down
 # badly on a loaded machine); one thread also makes results independent of the core count.
+# Lightning's DDP-based strategies reset the thread count unless OMP_NUM_THREADS is set.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
     logging.getLogger(name).setLevel(logging.ERROR)
