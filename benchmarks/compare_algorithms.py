@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import lightning.pytorch as pl
 import torch
+from _common import make_trainer
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
@@ -56,18 +57,7 @@ COLUMNS = ("local_acc", "global_acc", "concept_ari", "style_ari", "label_ari", "
 
 def run(name: str, seed: int, rounds: int) -> dict[str, float]:
     dm = DigitsFederated(num_clients=30, concepts=3, seed=seed)
-    trainer = pl.Trainer(
-        strategy=ALGORITHMS[name](seed),
-        accelerator="cpu",
-        devices=1,
-        max_epochs=rounds,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-    )
+    trainer = make_trainer(ALGORITHMS[name](seed), rounds, validate=False)
     start = time.perf_counter()
     trainer.fit(MLPClassifier(lr=0.2), datamodule=dm)
     seconds = time.perf_counter() - start

@@ -26,6 +26,7 @@ import warnings
 
 import lightning.pytorch as pl
 import torch
+from _common import make_trainer
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
@@ -49,18 +50,7 @@ def run(pattern: str, seed: int, rounds: int, local_epochs: int, lr: float) -> d
     strategy = lf.FedSoftStrategy(
         2, proximal=1.0, selection_size=60, estimation_interval=2, local_epochs=local_epochs, seed=seed
     )
-    trainer = pl.Trainer(
-        strategy=strategy,
-        accelerator="cpu",
-        devices=1,
-        max_epochs=rounds,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-    )
+    trainer = make_trainer(strategy, rounds, validate=False)
     model = LinearRegressor(10, 1, bias=False, optimizer="adam", lr=lr)
     start = time.perf_counter()
     trainer.fit(model, datamodule=dm)

@@ -13,7 +13,50 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class MLPClassifier(pl.LightningModule):
+def mlp(in_features: int, hidden: Sequence[int], out_features: int) -> nn.Sequential:
+    """Linear → ReLU blocks through ``hidden``, then a linear output layer."""
+    sizes = [in_features, *hidden]
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(sizes[-1], out_features))
+    return nn.Sequential(*layers)
+
+
+class ClassifierSteps(pl.LightningModule):
+    """What the reference classifiers share: a cross-entropy ``training_step`` (so they also train
+    on their own) and an SGD solver from the hyperparameters ``lr``, ``momentum`` and, when
+    present, ``weight_decay``."""
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        hp = self.hparams
+        return torch.optim.SGD(
+            self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.get("weight_decay", 0.0)
+        )
+
+
+class RegressorSteps(pl.LightningModule):
+    """What the reference regressors share: an MSE ``training_step`` and the solver named by the
+    hyperparameter ``optimizer`` ("sgd" or "adam")."""
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x).reshape(y.shape), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        hp = self.hparams
+        return _make_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum)
+
+
+class MLPClassifier(ClassifierSteps):
     """A multilayer perceptron on flat inputs (e.g. scikit-learn digits: 64 features, 10 classes)."""
 
     def __init__(
@@ -33,27 +76,13 @@ class MLPClassifier(pl.LightningModule):
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         self.save_hyperparameters()
-        sizes = [in_features, *hidden]
-        layers: list[nn.Module] = []
-        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(a, b), nn.ReLU()]
-        layers.append(nn.Linear(sizes[-1], num_classes))
-        self.net = nn.Sequential(*layers)
+        self.net = mlp(in_features, hidden, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x.flatten(1))
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
-
-
-class FashionCNN(pl.LightningModule):
+class FashionCNN(ClassifierSteps):
     """The FedRC/FedEM papers' FashionMNIST network: conv(32, 5×5) → pool → conv(64, 5×5) → pool →
     fc 2048 → logits. Works for any square grayscale or colour input of side ``image_size``."""
 
@@ -92,17 +121,8 @@ class FashionCNN(pl.LightningModule):
             x = x.unsqueeze(1)
         return self.classifier(self.features(x))
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
-
-
-class LinearRegressor(pl.LightningModule):
+class LinearRegressor(RegressorSteps):
     """Linear regression ŷ = W x (+ b), output [batch, out_dim]; FedSoft's synthetic model is
     ``LinearRegressor(10, 1, bias=False, optimizer="adam", lr=5e-3)`` with Xavier-normal init.
 
@@ -132,18 +152,8 @@ class LinearRegressor(pl.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x.flatten(1))
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = F.mse_loss(self(x).reshape(y.shape), y)
-        self.log("train_loss", loss)
-        return loss
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        hp = self.hparams
-        return _make_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum)
-
-
-class MLPRegressor(pl.LightningModule):
+class MLPRegressor(RegressorSteps):
     """A multilayer perceptron for regression on flat inputs, output [batch, out_dim]."""
 
     def __init__(
@@ -163,25 +173,10 @@ class MLPRegressor(pl.LightningModule):
             )
         _check_optimizer(lr, optimizer)
         self.save_hyperparameters()
-        sizes = [in_features, *hidden]
-        layers: list[nn.Module] = []
-        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [nn.Linear(a, b), nn.ReLU()]
-        layers.append(nn.Linear(sizes[-1], out_dim))
-        self.net = nn.Sequential(*layers)
+        self.net = mlp(in_features, hidden, out_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x.flatten(1))
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = F.mse_loss(self(x).reshape(y.shape), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        hp = self.hparams
-        return _make_optimizer(self.parameters(), hp.optimizer, hp.lr, hp.momentum)
 
 
 def _check_optimizer(lr: float, optimizer: str) -> None:

@@ -498,11 +498,15 @@ class ClusteredModule(pl.LightningModule):
         self._add_train_metrics(outputs, y, report.omega)
 
     def _load_global(self) -> None:
+        self._load_snapshot(self._global, self._global_shared)
+
+    def _load_snapshot(self, clusters: list[list[Tensor]], shared: list[Tensor]) -> None:
+        """Copy a snapshot of every cluster's (and the shared layers') tensors into the working copies."""
         with torch.no_grad():
             for k in range(self.num_clusters):
-                for t, g in zip(self.cluster_tensors(k), self._global[k], strict=True):
+                for t, g in zip(self.cluster_tensors(k), clusters[k], strict=True):
                     t.copy_(g)
-            for t, g in zip(self.shared_tensors(), self._global_shared, strict=True):
+            for t, g in zip(self.shared_tensors(), shared, strict=True):
                 t.copy_(g)
 
     def _personal_copies(self) -> range:
@@ -559,20 +563,33 @@ class ClusteredModule(pl.LightningModule):
         weights = None if run.sample_weights is None else run.sample_weights[index]
         optimizer = self.optimizers()
         optimizer.zero_grad()
-        total = torch.zeros((), device=self.device)
-        for s, k in enumerate(run.plan.clusters):
-            if k not in run.trained:
-                continue
-            if weights is not None:
-                total = total + (weights[:, s] * self.per_sample_loss(k, x, y)).sum() / size
-            else:
-                total = total + self.per_sample_loss(k, x, y).sum() / size
-            if run.plan.proximal:
-                total = total + self._proximal_term(k, run.plan.proximal[s])
+        total = self._plan_loss(run.plan, run.trained, x, y, weights, size, proximal=True)
         if not bool(torch.isfinite(total)):
             self._fail(item["round"], run.client, f"at local step {item['step']}")
         self.manual_backward(total)
         optimizer.step()
+
+    def _plan_loss(
+        self,
+        plan: LocalPlan,
+        trained: Sequence[int],
+        x: Tensor,
+        y: Tensor,
+        weights: Tensor | None,
+        size: int,
+        proximal: bool,
+    ) -> Tensor:
+        """The local objective on one minibatch: Σ over the trained copies k of
+        (1/B) Σ_j w_jk f(x_j, y_j; θ_k), plus their proximal terms when ``proximal``."""
+        total = torch.zeros((), device=self.device)
+        for s, k in enumerate(plan.clusters):
+            if k not in trained:
+                continue
+            loss = self.per_sample_loss(k, x, y)
+            total = total + (loss if weights is None else weights[:, s] * loss).sum() / size
+            if proximal and plan.proximal:
+                total = total + self._proximal_term(k, plan.proximal[s])
+        return total
 
     def _proximal_term(self, k: int, anchors: Sequence[tuple[int, float]]) -> Tensor:
         """Σ (c/2)‖w_k − θ_anchor‖² over the parameters of working copy k."""
@@ -890,12 +907,7 @@ class ClusteredModule(pl.LightningModule):
             _, outputs = self.evaluate_clusters(x)
             return mixture_probabilities(outputs, self.rule.prediction_weights(omega))
         finally:
-            with torch.no_grad():
-                for k in range(self.num_clusters):
-                    for t, g in zip(self.cluster_tensors(k), self._eval_global[k], strict=True):
-                        t.copy_(g)
-                for t, g in zip(self.shared_tensors(), self._eval_shared, strict=True):
-                    t.copy_(g)
+            self._load_snapshot(self._eval_global, self._eval_shared)
 
     def _finetune(self, client: int, epochs: int) -> Tensor:
         """FedRC-FT: ``epochs`` local epochs of the client's weighted M-step on copies of the cluster
@@ -917,11 +929,10 @@ class ClusteredModule(pl.LightningModule):
                 for start in range(0, x.shape[0], size):
                     index = order[start : start + size]
                     optimizer.zero_grad()
-                    total = torch.zeros((), device=self.device)
-                    for s, k in enumerate(plan.clusters):
-                        loss = self.per_sample_loss(k, x[index], y[index])
-                        w = 1.0 if weights is None else weights[index, s]
-                        total = total + (w * loss).sum() / size
+                    batch_weights = None if weights is None else weights[index]
+                    total = self._plan_loss(
+                        plan, plan.clusters, x[index], y[index], batch_weights, size, proximal=False
+                    )
                     total.backward()
                     optimizer.step()
             self.models.eval()

@@ -12,10 +12,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lightning_fedcluster.models import ClassifierSteps
 
 __all__ = ["MobileNetV2Classifier", "ResNet18Classifier", "group_norm"]
 
@@ -56,8 +56,8 @@ def _norm_layer(norm: str, weights: str | None) -> Callable[[int], nn.Module] | 
     return group_norm() if norm == "group" else None
 
 
-class _TorchvisionClassifier(pl.LightningModule):
-    """Shared forward (ImageNet normalisation), training_step and SGD solver."""
+class _TorchvisionClassifier(ClassifierSteps):
+    """Shared forward (ImageNet normalisation); training_step and SGD solver from ClassifierSteps."""
 
     net: nn.Module
 
@@ -73,20 +73,6 @@ class _TorchvisionClassifier(pl.LightningModule):
         mean = torch.tensor(_MEAN, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
         std = torch.tensor(_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
         return self.net((x - mean) / std)
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(
-            self.parameters(),
-            lr=self.hparams.lr,
-            momentum=self.hparams.momentum,
-            weight_decay=self.hparams.weight_decay,
-        )
 
 
 class MobileNetV2Classifier(_TorchvisionClassifier):
