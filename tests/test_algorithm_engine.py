@@ -288,3 +288,14 @@ def test_fesem_initialises_centres_from_the_first_rounds_local_models(digits):
     flat = [torch.cat([p.flatten() for p in m.parameters()]) for m in module.models]
     assert not torch.equal(flat[0], flat[1]) and not torch.equal(flat[1], flat[2])
     assert len(set(assigned.argmax(1).tolist())) >= 2
+
+
+def test_bad_representation_layers_and_graph_density_fail_before_training(digits):
+    trainer = make_trainer(FeSEMStrategy(3, representation_layers=("trunk",)), max_epochs=1)
+    with pytest.raises(ValueError, match="representation_layers=\\('trunk',\\) matches no parameter"):
+        trainer.fit(MLPClassifier(), datamodule=digits)
+    assert trainer.global_step == 0
+    with pytest.raises(ValueError, match="edge_probability"):
+        DFedEMStrategy(3, edge_probability=1.5)
+    with pytest.raises(ValueError, match="clients_per_round"):
+        DFedEMStrategy(3, clients_per_round=4)
