@@ -89,3 +89,33 @@ def test_every_strategy_gives_the_same_result_on_two_processes(tmp_path, strateg
     rank0 = {tuple(p) for p in json.loads((tmp_path / "two" / "clients_rank0.json").read_text())}
     rank1 = {tuple(p) for p in json.loads((tmp_path / "two" / "clients_rank1.json").read_text())}
     assert rank0 and rank1 and not rank0 & rank1
+
+
+EXIT_PROBE = """
+import atexit
+import lightning.pytorch as pl
+import torch.distributed as dist
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+
+# Registered first, so it runs after the strategy's own exit handler (atexit is last-in, first-out).
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))
+trainer = pl.Trainer(strategy=lf.FedAvgStrategy(local_steps=1), accelerator="cpu", devices=1, max_epochs=1,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
+trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
+print("group alive after fit:", dist.is_initialized(), flush=True)
+"""
+
+
+def test_the_gloo_group_is_destroyed_before_the_interpreter_exits(tmp_path):
+    """A gloo group left to interpreter finalisation can abort a finished run (SIGABRT)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "group alive after fit: True" in done.stdout
+    assert "group alive at exit: False" in done.stdout

@@ -7,6 +7,7 @@ ClusteredModule does through ``strategy.reduce``. One class serves 1..N processe
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,6 +22,15 @@ from lightning_fedcluster.algorithms.schedule import (
     check_seed,
     local_steps_per_client,
 )
+
+
+_teardown_registered = False
+
+
+def _destroy_process_group() -> None:
+    """Destroy the default process group while the interpreter is still whole (at exit)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class FederatedStrategy(DDPStrategy):
@@ -129,6 +139,19 @@ class FederatedStrategy(DDPStrategy):
                 f"shared_layers={model.shared_layers}: set them in one place"
             )
         super().connect(model)
+
+    def setup_distributed(self) -> None:
+        """Lightning's process-group setup, plus its orderly teardown at interpreter exit.
+
+        Lightning registers that teardown only for NCCL. A gloo group left alive at exit can abort
+        the process with "terminate called without an active exception" while the interpreter
+        shuts down (pytorch/pytorch#190489), after training finished correctly.
+        """
+        super().setup_distributed()
+        global _teardown_registered
+        if dist.is_available() and dist.is_initialized() and not _teardown_registered:
+            atexit.register(_destroy_process_group)
+            _teardown_registered = True
 
     def configure_ddp(self) -> None:
         """Keep the plain module (no DistributedDataParallel) and start all ranks from rank 0's weights."""
