@@ -23,7 +23,6 @@ from lightning_fedcluster.algorithms.schedule import (
     local_steps_per_client,
 )
 
-
 _teardown_registered = False
 
 
