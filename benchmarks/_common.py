@@ -198,13 +198,13 @@ def w1_datamodule(num_clients: int = 30, train_size: int = 180, test_size: int =
 
 
 def fmt_row(name: str, summary: dict[str, float], keys: Sequence[str] = ROUND_KEYS, width: int = 10) -> str:
-    return f"{name:<28}" + "".join(f"{summary.get(k, float('nan')):>{width}.3f}" for k in keys)
+    return f"{name:<34}" + "".join(f"{summary.get(k, float('nan')):>{width}.3f}" for k in keys)
 
 
 def header(keys: Sequence[str] = ROUND_KEYS, width: int = 10) -> str:
     names = {"round": "s/round", "e_step": "e_step", "local_training": "train", "aggregation": "aggr",
              "evaluation": "eval", "other": "other"}
-    return f"{'':<28}" + "".join(f"{names.get(k, k):>{width}}" for k in keys)
+    return f"{'':<34}" + "".join(f"{names.get(k, k):>{width}}" for k in keys)
 
 
 def command_line() -> str:

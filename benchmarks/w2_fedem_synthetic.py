@@ -40,8 +40,8 @@ from lightning_fedcluster.models import MLPClassifier
 LR = 0.1
 
 
-def run(dm: FedEMSynthetic, rounds: int, warmup: int, *, validate: bool, bare: bool,
-        profile: str | None = None) -> tuple[dict, dict | None, list[float]]:
+def run(dm: FedEMSynthetic, rounds: int, warmup: int, *, validate: bool, bare: bool, executor: str = "auto",
+        chunk: int | None = None, profile: str | None = None) -> tuple[dict, dict | None, list[float]]:
     module = ClusteredModule(MLPClassifier(in_features=150, num_classes=2, hidden=(), lr=LR), 3, seed=0)
     timer = RoundTimer()
     callbacks: list = [timer]
@@ -50,10 +50,11 @@ def run(dm: FedEMSynthetic, rounds: int, warmup: int, *, validate: bool, bare: b
         paired = InterleavedBare(BareFedRC([copy.deepcopy(m) for m in module.models], dm, lr=LR,
                                            use_label_stats=False), evaluate=validate)
         callbacks.append(paired)
-    trainer = make_trainer(FedEMStrategy(3, local_epochs=1, seed=0), warmup + rounds, validate=validate,
-                           callbacks=callbacks)
+    strategy = FedEMStrategy(3, local_epochs=1, seed=0, executor=executor, clients_per_chunk=chunk)
+    trainer = make_trainer(strategy, warmup + rounds, validate=validate, callbacks=callbacks)
     profiled(lambda: trainer.fit(module, datamodule=dm), profile)
     engine = summarise(timer.rounds, warmup)
+    engine["executor"] = module.executor
     if paired is None:
         return engine, None, []
     ratios = [e["round"] / b["round"] for e, b in zip(timer.rounds, paired.rows, strict=True)][warmup:]
@@ -68,6 +69,8 @@ def main() -> None:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help=CLOCK_HELP)
     parser.add_argument("--threads", type=int, default=0, help="torch threads with --clock wall (0: default)")
     parser.add_argument("--no-bare", action="store_true")
+    parser.add_argument("--executor", default="auto", choices=("auto", "loop", "vectorized"))
+    parser.add_argument("--clients-per-chunk", type=int, help="vectorised work-item size (default: auto)")
     parser.add_argument("--profile", help="cProfile the training-only engine run into this file")
     args = parser.parse_args()
     quiet()
@@ -79,6 +82,7 @@ def main() -> None:
     rows = []
     for validate in (False, True):
         engine, bare, ratios = run(dm, args.rounds, args.warmup, validate=validate, bare=not args.no_bare,
+                                   executor=args.executor, chunk=args.clients_per_chunk,
                                    profile=args.profile if not validate else None)
         rows.append(("with eval" if validate else "train only", engine, bare, ratios))
     print(machine_line())
@@ -88,7 +92,7 @@ def main() -> None:
           f"batch 128, full participation; median of {args.rounds} rounds after {args.warmup} warm-up")
     print(header() + f"{'min':>10}")
     for name, engine, bare, ratios in rows:
-        print(fmt_row(f"engine, {name}", engine) + f"{engine['min_round']:>10.3f}")
+        print(fmt_row(f"engine ({engine['executor']}), {name}", engine) + f"{engine['min_round']:>10.3f}")
         if bare is not None:
             print(fmt_row(f"bare loop, {name}", bare) + f"{bare['min_round']:>10.3f}")
             print(f"  engine / bare (paired rounds): median {statistics.median(ratios):.2f}")

@@ -39,6 +39,7 @@ from lightning_fedcluster.cluster_copies import (
     tie_shared_layers,
 )
 from lightning_fedcluster.datamodules.loaders import GLOBAL, NO_CLIENT
+from lightning_fedcluster.executor import VectorizedExecutor, choose_executor, chunk_size_for
 from lightning_fedcluster.metrics.clustering import concept_ari
 
 CHECKPOINT_KEY = "fedcluster_client_state"
@@ -66,7 +67,8 @@ def _trained_copies(plan: LocalPlan, weights: Tensor | None) -> tuple[int, ...]:
     """The plan's copies that train: a soft cluster with zero total weight on this client does not."""
     if weights is None:
         return plan.clusters
-    return tuple(k for s, k in enumerate(plan.clusters) if float(weights[:, s].sum()) > 0)
+    totals = weights.sum(0).tolist()
+    return tuple(k for s, k in enumerate(plan.clusters) if totals[s] > 0)
 
 
 @dataclass
@@ -140,6 +142,8 @@ class ClusteredModule(pl.LightningModule):
         self._run: _ClientRun | None = None
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.task = "classification"
+        self.executor = "loop"  # resolved from the strategy's ``executor`` when fitting starts
+        self._vectorized: VectorizedExecutor | None = None
 
     @contextlib.contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
@@ -202,7 +206,13 @@ class ClusteredModule(pl.LightningModule):
         strategy.check_datamodule(datamodule)
         self._check_output_shape(datamodule)
         if stage == "fit":
+            strategy.chunk_size = None
             strategy.round_schedule(datamodule)  # validates clients_per_round before training
+            x, y = datamodule.train_split(0)
+            self.executor = choose_executor(strategy.executor, self, x, y)
+            if self.executor == "vectorized":
+                strategy.chunk_size = chunk_size_for(self, strategy.clients_per_chunk)
+            self._vectorized = None
         shape = (datamodule.num_clients, self.num_state_classes, self.num_clusters)
         state = self.client_state
         if state is None or (state.num_clients, state.label_sums.shape[1], state.num_clusters) != shape:
@@ -427,8 +437,13 @@ class ClusteredModule(pl.LightningModule):
             return sum(t.numel() for t in self._global[0])
         return 0
 
-    def training_step(self, batch: dict[str, int], batch_idx: int) -> None:
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         if batch["client"] == NO_CLIENT:
+            return None
+        if "clients" in batch:  # a chunk of clients (vectorised executor)
+            if self._vectorized is None:
+                self._vectorized = VectorizedExecutor(self)
+            self._vectorized.run_chunk(self, batch)
             return None
         if batch["step"] == 0:
             with self._timed("e_step"):
@@ -462,7 +477,7 @@ class ClusteredModule(pl.LightningModule):
             omega=state.omega[client].to(self.device),
             active=state.active.to(self.device),
             seen=bool(state.seen[client]),
-            generator=torch.Generator().manual_seed(derive_seed(self.seed, round_index, client, 0x7015E)),
+            seed_parts=(self.seed, round_index, client, 0x7015E),
             extra=extra,
         )
 
@@ -495,7 +510,7 @@ class ClusteredModule(pl.LightningModule):
             order=torch.randperm(x.shape[0], generator=generator).to(self.device),
             trained=_trained_copies(plan, weights),
         )
-        self._add_train_metrics(outputs, y, report.omega)
+        self._add_train_metrics(outputs, y, self.rule.prediction_weights(report.omega))
 
     def _load_global(self) -> None:
         self._load_snapshot(self._global, self._global_shared)
@@ -541,8 +556,10 @@ class ClusteredModule(pl.LightningModule):
                 for t, g in zip(self.cluster_tensors(k), source, strict=True):
                     t.copy_(g)
 
-    def _add_train_metrics(self, outputs: Tensor, y: Tensor, omega: Tensor) -> None:
-        mixture = mixture_probabilities(outputs.double(), self.rule.prediction_weights(omega))
+    def _add_train_metrics(self, outputs: Tensor, y: Tensor, weights: Tensor) -> None:
+        """Add the training loss/accuracy of the mixture prediction with ``weights`` ([K] for one
+        client, or [N, K] per sample) to the round's metrics."""
+        mixture = mixture_probabilities(outputs.double(), weights)
         if self.task == "regression":
             error = (mixture - y.reshape(y.shape[0], -1).double()).square().mean(1).sum()
             values = [error, error]

@@ -25,7 +25,7 @@ DISTRIBUTED_VARIABLES = {
 }
 
 
-def _run(devices: int, out: Path, strategy: str = "fedrc") -> None:
+def _run(devices: int, out: Path, strategy: str = "fedrc", executor: str = "auto") -> None:
     # Same thread count per process in both runs: GEMM results depend on it.
     # Drop the rendezvous variables that in-process trainers of this test session exported.
     inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
@@ -42,6 +42,8 @@ def _run(devices: int, out: Path, strategy: str = "fedrc") -> None:
             str(out),
             "--strategy",
             strategy,
+            "--executor",
+            executor,
         ],
         cwd=ROOT,
         env=env,
@@ -52,9 +54,11 @@ def _run(devices: int, out: Path, strategy: str = "fedrc") -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(tmp_path):
-    _run(1, tmp_path / "one")
-    _run(2, tmp_path / "two")
+@pytest.mark.parametrize("executor", ["loop", "vectorized"])
+def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(tmp_path, executor):
+    _run(1, tmp_path / "one", executor=executor)
+    _run(2, tmp_path / "two", executor=executor)
+    assert (tmp_path / "two" / "executor.txt").read_text() == executor
     one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
     for key, value in one["weights"].items():
         assert torch.equal(value, two["weights"][key]), key

@@ -34,6 +34,8 @@ def _walk(value: object, found: dict[tuple[int, int], Tensor], seen: set[int]) -
         return
     seen.add(id(value))
     if isinstance(value, Tensor):
+        if value.is_meta:  # shape-only tensors (the vectorised executor's template) hold no memory
+            return
         storage = value.untyped_storage()
         found[(storage.data_ptr(), storage.nbytes())] = value
     elif isinstance(value, dict):
@@ -60,7 +62,7 @@ def _held(num_clients: int, clients_per_round: int | None) -> tuple[int, int, in
     found: dict[tuple[int, int], Tensor] = {}
     _walk(module, found, set())
     data_ptrs = {t.untyped_storage().data_ptr() for t in (dm.train_x, dm.train_y, dm.test_x, dm.test_y,
-                                                             dm.global_x, dm.global_y)}
+                                                             dm.global_x, dm.global_y) if t.numel()}
     state = {key: t for key, t in found.items() if key[0] not in data_ptrs}
     data = sum(nbytes for (ptr, nbytes) in found if ptr in data_ptrs)
     dm_bytes = sum(t.untyped_storage().nbytes() for t in (dm.train_x, dm.train_y, dm.test_x, dm.test_y))

@@ -28,6 +28,7 @@ from lightning_fedcluster.algorithms.mixture import (
     mixture_from_responsibilities,
     responsibilities,
 )
+from lightning_fedcluster.algorithms.schedule import derive_seed
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,14 @@ class ClientContext:
     seen: bool = False  # whether the client took part before
     generator: torch.Generator | None = None
     extra: dict[str, Tensor] = field(default_factory=dict)  # algorithm-specific per-client state
+    seed_parts: tuple[int, ...] = ()  # seeds ``generator`` on first use when it is not given
+
+    def rng(self) -> torch.Generator | None:
+        """The client's seeded generator, created on first use (seeding costs more than most rules)."""
+        if self.generator is None and self.seed_parts:
+            seeded = torch.Generator().manual_seed(derive_seed(*self.seed_parts))
+            object.__setattr__(self, "generator", seeded)  # frozen dataclass: cache it once
+        return self.generator
 
 
 def masked_log_omega(omega: Tensor, active: Tensor) -> Tensor:

@@ -98,7 +98,7 @@ class FedRC(Algorithm):
             report = self._adam_step(report, labels, context)
         sigma = self.noise_std(context.client)
         if sigma > 0 and report.label_sums.numel():
-            noise = torch.randn(report.label_sums.shape, generator=context.generator, dtype=torch.float64)
+            noise = torch.randn(report.label_sums.shape, generator=context.rng(), dtype=torch.float64)
             report = replace(report, label_sums=report.label_sums + sigma * noise.to(report.label_sums))
         return report
 

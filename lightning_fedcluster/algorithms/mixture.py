@@ -85,7 +85,10 @@ def iterate_mixture(
 
 
 def mixture_probabilities(probs: Tensor, omega: Tensor) -> Tensor:
-    """p(y|x) = Σ_k ω_k p_k(y|x). ``probs`` is [K, N, C]; ``omega`` is [K]. Returns [N, C]."""
+    """p(y|x) = Σ_k ω_k p_k(y|x). ``probs`` is [K, N, C]; ``omega`` is [K], or [N, K] for a
+    weight per sample (several clients' samples at once). Returns [N, C]."""
+    if omega.dim() == 2:
+        return torch.einsum("knc,nk->nc", probs, omega.to(probs.dtype))
     return torch.einsum("knc,k->nc", probs, omega.to(probs.dtype))
 
 

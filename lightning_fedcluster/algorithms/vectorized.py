@@ -200,9 +200,17 @@ def local_sgd(
     *,
     loss_fn: LossFn = _cross_entropy,
     randomness: str = "error",
+    proximal: Tensor | None = None,
+    anchors: Params | None = None,
 ) -> Params:
     """Run the local SGD steps of every (client, cluster) pair; returns the final [C, K, ...]
-    parameters (``params`` is not modified). ``buffers`` are the K clusters' [K, ...] buffers."""
+    parameters (``params`` is not modified). ``buffers`` are the K clusters' [K, ...] buffers.
+
+    ``proximal`` [C, K, J] with ``anchors`` ({name: [J, ...]}): pair (c, k) also minimises
+    Σ_j (proximal[c,k,j]/2)·‖θ_ck − anchors_j‖² (FedProx), whose gradient is added exactly.
+    """
+    if (proximal is None) != (anchors is None):
+        raise ValueError("give proximal coefficients and anchors together")
 
     def pair_loss(p: Params, b: Params, x: Tensor, y: Tensor, w: Tensor, divisor: Tensor) -> Tensor:
         out = functional_call(template, (p, b), (x,))
@@ -212,30 +220,42 @@ def local_sgd(
     per_client = vmap(grad(pair_loss), in_dims=(0, 0, None, None, 1, None), randomness=randomness)
     all_pairs = vmap(per_client, in_dims=(0, None, 0, 0, 0, 0), randomness=randomness)
     theta = {n: p.detach().clone() for n, p in params.items()}
-    momentum: Params = {}
+    momentum = {n: torch.zeros_like(p) for n, p in theta.items()} if config.momentum else {}
     started: Tensor | None = None  # [C, K]: pairs whose momentum buffer exists
     for batch in batches:
-        grads = all_pairs(theta, buffers, batch.x, batch.y, batch.weights, batch.divisor.to(batch.weights))
+        # A batch may cover only the first m clients (the rest have run all their steps).
+        m = batch.x.shape[0]
+        live = {n: p[:m] for n, p in theta.items()}
+        grads = all_pairs(live, buffers, batch.x, batch.y, batch.weights, batch.divisor.to(batch.weights))
+        if started is None:
+            started = torch.zeros(
+                next(iter(theta.values())).shape[:2], dtype=torch.bool, device=batch.x.device
+            )
         active = batch.active
-        first = active if started is None else active & ~started
-        started = active.clone() if started is None else started | active
-        for name, p in theta.items():
+        first = active & ~started[:m]
+        started[:m] |= active
+        for name, p in live.items():
             shape = active.shape + (1,) * (p.dim() - 2)
             step_mask, first_mask = active.view(shape), first.view(shape)
             d = grads[name]
+            if proximal is not None and anchors is not None:
+                d = d + _proximal_gradient(p, proximal[:m].to(p), anchors[name])
             if config.weight_decay:
                 d = d + config.weight_decay * p
             if config.momentum:
-                buf = momentum.get(name)
-                update = (
-                    d
-                    if buf is None
-                    else torch.where(first_mask, d, config.momentum * buf + (1 - config.dampening) * d)
-                )
-                momentum[name] = update if buf is None else torch.where(step_mask, update, buf)
+                buf = momentum[name][:m]
+                update = torch.where(first_mask, d, config.momentum * buf + (1 - config.dampening) * d)
+                buf.copy_(torch.where(step_mask, update, buf))
                 d = d + config.momentum * update if config.nesterov else update
-            theta[name] = torch.where(step_mask, p - config.lr * d, p)
+            p.copy_(torch.where(step_mask, p - config.lr * d, p))
     return theta
+
+
+def _proximal_gradient(theta: Tensor, coefficients: Tensor, anchors: Tensor) -> Tensor:
+    """∇ Σ_j (c_ckj/2)‖θ_ck − a_j‖² = (Σ_j c_ckj) θ_ck − Σ_j c_ckj a_j, for θ [C, K, ...]."""
+    shape = coefficients.shape[:2] + (1,) * (theta.dim() - 2)
+    pulled = torch.einsum("ckj,j...->ck...", coefficients, anchors.to(theta))
+    return coefficients.sum(2).view(shape) * theta - pulled
 
 
 def engine_batches(
@@ -255,7 +275,8 @@ def engine_batches(
     ``steps`` [C] its number of local steps; ``trained`` [C, K] (default: clusters with positive
     total weight) which clusters it trains. Client c's step s uses positions
     (s·B_c + 0..B_c−1) mod N_c of its permutation, B_c = min(batch_size, N_c); shorter batches
-    are padded with zero-weight rows.
+    are padded with zero-weight rows. A step's batch covers clients 0..m−1 only, where m − 1 is
+    the last client that still steps: give clients by decreasing step count to skip finished ones.
     """
     sizes = offsets.diff()
     count = sizes.numel()
@@ -271,9 +292,12 @@ def engine_batches(
     per_batch_d, sizes_d = per_batch.to(device).unsqueeze(1), sizes.to(device).unsqueeze(1)
     starts = offsets[:-1].to(device).unsqueeze(1)
     valid = lane < per_batch_d  # [C, B]
+    trained, steps_d, divisor = trained.to(device), steps.to(device), per_batch.to(device)
     for step in range(int(steps.max())):
-        positions = (step * per_batch_d + lane) % sizes_d
-        rows = torch.where(valid, starts + order_pad.gather(1, positions), starts)
-        w = weights[rows] * valid.unsqueeze(2).to(weights.dtype)
-        active = trained.to(device) & (step < steps.to(device)).unsqueeze(1)
-        yield StepBatch(x=x[rows], y=y[rows], weights=w, divisor=per_batch.to(device), active=active)
+        # Only the clients up to the last one still stepping (all of them when sorted by steps).
+        m = int((steps > step).nonzero().max()) + 1
+        positions = (step * per_batch_d[:m] + lane) % sizes_d[:m]
+        rows = torch.where(valid[:m], starts[:m] + order_pad[:m].gather(1, positions), starts[:m])
+        w = weights[rows] * valid[:m].unsqueeze(2).to(weights.dtype)
+        active = trained[:m] & (step < steps_d[:m]).unsqueeze(1)
+        yield StepBatch(x=x[rows], y=y[rows], weights=w, divisor=divisor[:m], active=active)

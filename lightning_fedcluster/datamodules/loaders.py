@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_fedcluster.algorithms.schedule import RoundSchedule
@@ -36,7 +37,8 @@ def _world() -> tuple[int, int]:
 
 
 class RoundSampler(DistributedSampler):
-    """Yields one item per (client, local step) of this process's share of the round.
+    """Yields one item per (client, local step) of this process's share of the round, or one per
+    chunk of clients when the schedule has a ``chunk_size`` (the vectorised executor).
 
     The round is read when iteration starts (from ``round_source``, e.g. the trainer's current
     epoch), not from ``set_epoch``: Lightning builds the first iterator, and the iterator of a
@@ -61,8 +63,11 @@ class RoundSampler(DistributedSampler):
     def __len__(self) -> int:
         return self.schedule.items_per_rank(self.num_replicas)
 
-    def __iter__(self) -> Iterator[dict[str, int]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         round_index = self.round_source() if self.round_source is not None else self.epoch
+        if self.schedule.chunk_size is not None:
+            yield from self._chunk_items(round_index)
+            return
         mine = self.schedule.assignment(round_index, self.num_replicas)[self.rank]
         count = 0
         for slot, client in mine:
@@ -72,6 +77,22 @@ class RoundSampler(DistributedSampler):
                 yield {"round": round_index, "client": client, "slot": slot, "step": step, "num_steps": steps}
         for _ in range(len(self) - count):
             yield {"round": round_index, "client": NO_CLIENT, "slot": -1, "step": 0, "num_steps": 0}
+
+    def _chunk_items(self, round_index: int) -> Iterator[dict[str, Any]]:
+        """One item per chunk of clients (vectorised executor), padded with empty chunks."""
+        mine = self.schedule.chunk_assignment(round_index, self.num_replicas)[self.rank]
+        # Client lists travel as tensors: Lightning's collate and device transfer walk Python
+        # lists element by element.
+        for chunk in mine:
+            yield {
+                "round": round_index,
+                "client": chunk[0][1],
+                "clients": torch.tensor([client for _, client in chunk]),
+                "slots": torch.tensor([slot for slot, _ in chunk]),
+            }
+        empty = torch.zeros(0, dtype=torch.long)
+        for _ in range(len(self) - len(mine)):
+            yield {"round": round_index, "client": NO_CLIENT, "clients": empty, "slots": empty}
 
 
 LOCAL, GLOBAL = 0, 1

@@ -22,6 +22,7 @@ from lightning_fedcluster.algorithms.schedule import (
     check_seed,
     local_steps_per_client,
 )
+from lightning_fedcluster.executor import EXECUTORS
 
 _teardown_registered = False
 
@@ -46,6 +47,12 @@ class FederatedStrategy(DDPStrategy):
             of the cluster models on its training data for this many epochs (FedRC-FT); 0 = off.
         shared_layers: submodule names shared by the K copies (one feature extractor, K clustered
             heads) when the strategy wraps a plain LightningModule.
+        executor: how clients are simulated: "loop" (one client at a time, any model and
+            optimizer), "vectorized" (chunks of clients at once with ``torch.func``: plain SGD,
+            models without random layers or running statistics, not for FedSoft, D-FedEM,
+            FeSEM/WeCFL, CFL or shared layers), or "auto" (vectorised where supported and the
+            model is all ``nn.Linear`` layers, where it is measured faster; else the loop).
+        clients_per_chunk: clients per vectorised work item (default 64, fewer for large models).
         kwargs: passed to Lightning's DDPStrategy (e.g. ``start_method``, ``process_group_backend``).
     """
 
@@ -62,6 +69,8 @@ class FederatedStrategy(DDPStrategy):
         seed: int = 0,
         finetune_epochs: int = 0,
         shared_layers: Sequence[str] = (),
+        executor: str = "auto",
+        clients_per_chunk: int | None = None,
         **kwargs: Any,
     ) -> None:
         check_positive_int("num_clusters", num_clusters)
@@ -71,6 +80,9 @@ class FederatedStrategy(DDPStrategy):
         if local_steps is not None and local_epochs is not None:
             raise ValueError("give either local_steps or local_epochs, not both")
         check_seed(seed)
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        check_positive_int("clients_per_chunk", clients_per_chunk, allow_none=True)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         if isinstance(finetune_epochs, bool) or not isinstance(finetune_epochs, int) or finetune_epochs < 0:
@@ -84,7 +96,11 @@ class FederatedStrategy(DDPStrategy):
         self.seed = seed
         self.finetune_epochs = finetune_epochs
         self.shared_layers = (shared_layers,) if isinstance(shared_layers, str) else tuple(shared_layers)
-        self._schedule: tuple[int, RoundSchedule] | None = None
+        self.executor = executor
+        self.clients_per_chunk = clients_per_chunk
+        # Set by the ClusteredModule once it has resolved the executor (None: the loop).
+        self.chunk_size: int | None = None
+        self._schedule: tuple[tuple[int, int | None], RoundSchedule] | None = None
 
     @property
     def algorithm(self) -> Any:
@@ -93,7 +109,8 @@ class FederatedStrategy(DDPStrategy):
 
     def round_schedule(self, datamodule: Any) -> RoundSchedule:
         """The round schedule for ``datamodule`` (cached per datamodule)."""
-        if self._schedule is None or self._schedule[0] != id(datamodule):
+        key = (id(datamodule), self.chunk_size)
+        if self._schedule is None or self._schedule[0] != key:
             steps = local_steps_per_client(
                 datamodule.train_sizes, datamodule.batch_size, self.local_steps, self.local_epochs
             )
@@ -102,8 +119,16 @@ class FederatedStrategy(DDPStrategy):
             selector = None
             if bound is not None:
                 cpr, selector = bound, self._state_selector(datamodule)
-            schedule = RoundSchedule(datamodule.num_clients, cpr, steps, self.seed, selector=selector)
-            self._schedule = (id(datamodule), schedule)
+            schedule = RoundSchedule(
+                datamodule.num_clients,
+                cpr,
+                steps,
+                self.seed,
+                selector=selector,
+                chunk_size=self.chunk_size,
+                sizes=datamodule.train_sizes,
+            )
+            self._schedule = (key, schedule)
         return self._schedule[1]
 
     def _state_selector(self, datamodule: Any) -> Callable[[int], torch.Tensor]:

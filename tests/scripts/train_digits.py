@@ -24,15 +24,23 @@ class RecordClients(pl.Callback):
         self.seen: list[tuple[int, int]] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        if batch["client"] >= 0 and batch["step"] == 0:
+        if "clients" in batch:  # a chunk of clients (vectorised executor)
+            self.seen.extend((batch["round"], int(client)) for client in batch["clients"])
+        elif batch["client"] >= 0 and batch["step"] == 0:
             self.seen.append((batch["round"], batch["client"]))
 
 
 STRATEGIES = {
     "fedrc": lambda cpr: lf.FedRCStrategy(3, clients_per_round=cpr, local_steps=3),
     "fedrc_options": lambda cpr: lf.FedRCStrategy(
-        4, clients_per_round=cpr, local_steps=3, adam_gamma=True, removal_threshold=0.2, label_noise_std=0.1,
-        shared_layers=("net.0",), finetune_epochs=1,
+        4,
+        clients_per_round=cpr,
+        local_steps=3,
+        adam_gamma=True,
+        removal_threshold=0.2,
+        label_noise_std=0.1,
+        shared_layers=("net.0",),
+        finetune_epochs=1,
     ),
     "fedem": lambda cpr: lf.FedEMStrategy(3, clients_per_round=cpr, local_steps=3),
     "dfedem": lambda cpr: lf.DFedEMStrategy(3, local_steps=3),
@@ -53,15 +61,25 @@ def main() -> None:
     parser.add_argument("--clients-per-round", type=int, default=10)
     parser.add_argument("--out", required=True)
     parser.add_argument("--strategy", default="fedrc", choices=sorted(STRATEGIES))
+    parser.add_argument("--executor", default="auto", choices=("auto", "loop", "vectorized"))
+    parser.add_argument("--clients-per-chunk", type=int, default=3)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     recorder = RecordClients()
+    strategy = STRATEGIES[args.strategy](args.clients_per_round)
+    strategy.executor, strategy.clients_per_chunk = args.executor, args.clients_per_chunk
     trainer = pl.Trainer(
-        strategy=STRATEGIES[args.strategy](args.clients_per_round),
-        accelerator="cpu", devices=args.devices, max_epochs=args.rounds, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, callbacks=[recorder],
+        strategy=strategy,
+        accelerator="cpu",
+        devices=args.devices,
+        max_epochs=args.rounds,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[recorder],
     )
     datamodule = DigitsFederated(num_clients=12, seed=0)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=datamodule)
@@ -70,10 +88,17 @@ def main() -> None:
     with open(os.path.join(args.out, f"clients_rank{trainer.global_rank}.json"), "w") as f:
         json.dump(recorder.seen, f)
     if trainer.is_global_zero:
+        with open(os.path.join(args.out, "executor.txt"), "w") as f:
+            f.write(trainer.lightning_module.executor)
         module = trainer.lightning_module
-        torch.save({"weights": module.state_dict(), "client_state": module.client_state.state_dict(),
-                    "metrics": metrics},
-                   os.path.join(args.out, "result.pt"))
+        torch.save(
+            {
+                "weights": module.state_dict(),
+                "client_state": module.client_state.state_dict(),
+                "metrics": metrics,
+            },
+            os.path.join(args.out, "result.pt"),
+        )
 
 
 if __name__ == "__main__":

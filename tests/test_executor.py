@@ -1,0 +1,186 @@
+"""The vectorised executor against the loop executor through the public API, and the rule that
+chooses between them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms.schedule import RoundSchedule
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
+from lightning_fedcluster.models import LinearRegressor, MLPClassifier
+from tests.conftest import make_trainer
+
+
+class MomentumMLP(MLPClassifier):
+    """An MLP whose solver uses every SGD option the vectorised executor reproduces."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
+
+
+class ConvDigits(MLPClassifier):
+    """A small convolutional network on the 8×8 digit images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)
+        )
+
+
+class AdamMLP(MLPClassifier):
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+class DropoutMLP(MLPClassifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 10))
+
+
+STRATEGIES = {
+    "fedrc": lambda executor: lf.FedRCStrategy(
+        3, clients_per_round=9, local_epochs=1, executor=executor, clients_per_chunk=4
+    ),
+    "fedrc_adam_noise_removal": lambda executor: lf.FedRCStrategy(
+        4,
+        clients_per_round=9,
+        local_steps=3,
+        adam_gamma=True,
+        label_noise_std=0.1,
+        removal_threshold=0.2,
+        executor=executor,
+        clients_per_chunk=4,
+    ),
+    "fedem": lambda executor: lf.FedEMStrategy(3, local_epochs=1, executor=executor),
+    "ifca": lambda executor: lf.IFCAStrategy(3, local_epochs=1, executor=executor, clients_per_chunk=5),
+    "fedavg": lambda executor: lf.FedAvgStrategy(clients_per_round=8, local_steps=4, executor=executor),
+    "fedprox": lambda executor: lf.FedProxStrategy(mu=0.5, local_epochs=1, executor=executor),
+}
+
+
+def _fit(strategy, model, datamodule, rounds: int = 3):
+    trainer = make_trainer(strategy, max_epochs=rounds, limit_val_batches=0)
+    trainer.fit(model, datamodule=datamodule)
+    metrics = trainer.test(trainer.lightning_module, datamodule=datamodule, verbose=False)[0]
+    return trainer.lightning_module, metrics
+
+
+def _assert_same_run(loop, vectorized) -> None:
+    (loop_module, loop_metrics), (vec_module, vec_metrics) = loop, vectorized
+    assert loop_module.executor == "loop" and vec_module.executor == "vectorized"
+    loop_state, vec_state = loop_module.state_dict(), vec_module.state_dict()
+    for name, tensor in loop_state.items():
+        torch.testing.assert_close(vec_state[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(
+        vec_module.client_state.omega, loop_module.client_state.omega, atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        vec_module.client_state.label_sums, loop_module.client_state.label_sums, atol=1e-4, rtol=1e-5
+    )
+    assert torch.equal(vec_module.client_state.active, loop_module.client_state.active)
+    assert torch.equal(vec_module.client_state.seen, loop_module.client_state.seen)
+    for name, value in loop_module.round_metrics.items():
+        assert vec_module.round_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    for name, value in loop_metrics.items():
+        assert vec_metrics[name] == pytest.approx(value, abs=1e-6), name
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_vectorized_executor_equals_the_loop(name):
+    """Same E-step, minibatches, SGD rule and aggregation: the same run up to float summation order."""
+    dm = DigitsFederated(num_clients=12, seed=0)
+    runs = [
+        _fit(STRATEGIES[name](executor), MomentumMLP(hidden=(32,)), dm) for executor in ("loop", "vectorized")
+    ]
+    _assert_same_run(*runs)
+    # The run trained: the weights moved away from the initial copies.
+    initial = lf.ClusteredModule(MomentumMLP(hidden=(32,)), runs[0][0].num_clusters).state_dict()
+    assert any(not torch.equal(initial[n], t) for n, t in runs[1][0].state_dict().items())
+
+
+def test_vectorized_executor_equals_the_loop_for_regression():
+    dm = FedSoftSynthetic(num_clients=10, pattern="linear", min_samples=30, max_samples=70, seed=0)
+    runs = [
+        _fit(
+            lf.FedEMStrategy(2, local_epochs=2, executor=executor),
+            LinearRegressor(10, 1, optimizer="sgd", lr=0.01),
+            dm,
+        )
+        for executor in ("loop", "vectorized")
+    ]
+    _assert_same_run(*runs)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "model", "expected"),
+    [
+        (lambda: lf.FedRCStrategy(3), lambda: MLPClassifier(hidden=(16,)), "vectorized"),
+        (lambda: lf.FedRCStrategy(3), ConvDigits, "loop"),
+        (lambda: lf.FedRCStrategy(3), lambda: AdamMLP(hidden=(16,)), "loop"),
+        (lambda: lf.FedRCStrategy(3), DropoutMLP, "loop"),
+        (lambda: lf.FedRCStrategy(3, shared_layers=("net.0",)), lambda: MLPClassifier(hidden=(16,)), "loop"),
+        (lambda: lf.FedSoftStrategy(3, selection_size=2), lambda: MLPClassifier(hidden=(16,)), "loop"),
+        (lambda: lf.DFedEMStrategy(3), lambda: MLPClassifier(hidden=(16,)), "loop"),
+        (lambda: lf.FeSEMStrategy(3), lambda: MLPClassifier(hidden=(16,)), "loop"),
+        (lambda: lf.CFLStrategy(3), lambda: MLPClassifier(hidden=(16,)), "loop"),
+        (lambda: lf.FedProxStrategy(mu=0.1), lambda: MLPClassifier(hidden=(16,)), "vectorized"),
+    ],
+)
+def test_auto_picks_the_vectorized_executor_only_where_it_runs_and_pays(strategy, model, expected):
+    dm = DigitsFederated(num_clients=6, seed=0)
+    trainer = make_trainer(strategy(), max_epochs=1, limit_val_batches=0)
+    trainer.fit(model(), datamodule=dm)
+    assert trainer.lightning_module.executor == expected
+    chunked = trainer.strategy.round_schedule(dm).chunk_size is not None
+    assert chunked == (expected == "vectorized")
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "reason"),
+    [
+        (lambda: AdamMLP(hidden=(16,)), lambda: lf.FedRCStrategy(3, executor="vectorized"), "SGD"),
+        (DropoutMLP, lambda: lf.FedRCStrategy(3, executor="vectorized"), "random layers"),
+        (
+            lambda: MLPClassifier(hidden=(16,)),
+            lambda: lf.FedSoftStrategy(3, selection_size=2, executor="vectorized"),
+            "personal models",
+        ),
+    ],
+)
+def test_an_impossible_vectorized_request_fails_before_training(model, strategy, reason):
+    trainer = make_trainer(strategy(), max_epochs=1, limit_val_batches=0)
+    with pytest.raises(ValueError, match=reason) as error:
+        trainer.fit(model(), datamodule=DigitsFederated(num_clients=6, seed=0))
+    assert "executor='loop'" in str(error.value)
+    assert trainer.global_step == 0
+
+
+def test_bad_executor_arguments_name_the_fix():
+    with pytest.raises(ValueError, match="executor must be one of"):
+        lf.FedRCStrategy(3, executor="gpu")
+    with pytest.raises(ValueError, match="clients_per_chunk must be an integer >= 1"):
+        lf.FedRCStrategy(3, clients_per_chunk=0)
+
+
+def test_chunks_do_not_depend_on_the_process_count():
+    """Every process count computes the same chunks, so 1 and N processes give the same weights."""
+    steps = torch.tensor([3, 1, 2, 3, 1, 1, 2, 5, 1, 2])
+    sizes = torch.tensor([30, 10, 20, 25, 5, 12, 18, 50, 8, 15])
+    schedule = RoundSchedule(10, 8, steps, seed=3, chunk_size=3, sizes=sizes)
+    chunks = schedule.chunks(round_index=4)
+    clients = [client for chunk in chunks for _, client in chunk]
+    assert sorted(clients) == schedule.clients(4).tolist()
+    assert [len(chunk) for chunk in chunks] == [3, 3, 2]
+    keys = [(-int(steps[c]), -int(sizes[c])) for c in clients]
+    assert keys == sorted(keys)  # decreasing steps, then decreasing size
+    for world in (1, 2, 3, 4):
+        dealt = schedule.chunk_assignment(4, world)
+        assert sorted(map(str, (c for rank in dealt for c in rank))) == sorted(map(str, chunks))
+        assert max(len(rank) for rank in dealt) <= schedule.items_per_rank(world)
+    assert schedule.items_per_rank(2) == 2 and schedule.items_per_rank(1) == 3
