@@ -238,11 +238,14 @@ class VectorizedExecutor:
         weights = torch.zeros(y.shape[0], k_total, device=module.device)
         prediction = torch.zeros(len(clients), k_total, dtype=torch.float64, device=module.device)
         proximal = torch.zeros(len(clients), k_total, k_total)
+        sizes = local_offsets.diff().tolist()
+        contexts = [module._client_context(c, round_index, n) for c, n in zip(clients, sizes, strict=True)]
+        reports = rule.e_step_many(losses, y, local_offsets, contexts, module._log_label_stats)
         runs = []
-        for c, (client, slot) in enumerate(zip(clients, slots, strict=True)):
+        for c, (client, slot, context, report) in enumerate(
+            zip(clients, slots, contexts, reports, strict=True)
+        ):
             a, b = int(local_offsets[c]), int(local_offsets[c + 1])
-            context = module._client_context(client, round_index, b - a)
-            report = rule.e_step(losses[a:b], y[a:b], context, module._log_label_stats)
             plan = rule.local_plan(report, context)
             if plan.from_personal:
                 raise RuntimeError(f"{type(rule).__name__} trains personal models: use the loop executor")
@@ -308,7 +311,15 @@ class VectorizedExecutor:
                 if contribution.source in run.trained and contribution.weight > 0:
                     mix[c, contribution.source, contribution.target] += contribution.weight
                     totals[contribution.target] += contribution.weight
-            module._record_report(run, run.report)
+        buffer, slots = module._round_report, torch.tensor([run.slot for run in runs], device=module.device)
+        buffer["omega"][slots] = torch.stack([run.report.omega for run in runs]).to(buffer["omega"])
+        buffer["label_sums"][slots] = torch.stack([run.report.label_sums for run in runs]).to(
+            buffer["label_sums"]
+        )
+        buffer["reported"][slots] = 1.0
+        if module.rule.client_reported_state():
+            for run in runs:
+                module._record_client_state(run)
         mix = mix.to(module.device)
         for i, name in enumerate(self.names):
             update = (theta[name] - params[name].unsqueeze(0)).double()  # [C, K, ...], as the loop

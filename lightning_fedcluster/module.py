@@ -668,6 +668,11 @@ class ClusteredModule(pl.LightningModule):
         buffer["omega"][slot] = report.omega
         buffer["label_sums"][slot] = report.label_sums
         buffer["reported"][slot] = 1.0
+        self._record_client_state(run)
+
+    def _record_client_state(self, run: _ClientRun) -> None:
+        """The client's algorithm state (FedRC-Adam's γ and moments) and model vector for the server."""
+        slot, buffer = run.slot, self._round_report
         start, stop = int(self._sample_offsets[slot]), int(self._sample_offsets[slot + 1])
         for name in self.rule.client_reported_state():
             if f"extra.{name}" not in buffer or name not in run.context.extra:

@@ -25,7 +25,9 @@ from lightning_fedcluster.algorithms.mixture import (
     hard_weights,
     iterate_mixture,
     label_sums,
+    label_sums_of_clients,
     mixture_from_responsibilities,
+    mixtures_of_clients,
     responsibilities,
 )
 from lightning_fedcluster.algorithms.schedule import derive_seed
@@ -138,6 +140,48 @@ class Algorithm:
             omega=mixture_from_responsibilities(log_gamma).exp(),
             label_sums=label_sums(gamma, labels, context.num_classes),
         )
+
+    def e_step_many(
+        self,
+        losses: Tensor,
+        labels: Tensor,
+        offsets: Tensor,
+        contexts: list[ClientContext],
+        log_label_stats: Tensor | None,
+    ) -> list[ClientReport]:
+        """``e_step`` of several clients at once; client c owns rows offsets[c]:offsets[c+1].
+
+        The soft E-step runs as one batched computation; a subclass that overrides ``e_step``
+        is called client by client unless it overrides this too.
+        """
+        if type(self).e_step is not Algorithm.e_step:
+            return [
+                self.e_step(losses[a:b], labels[a:b], context, log_label_stats)
+                for a, b, context in zip(offsets[:-1].tolist(), offsets[1:].tolist(), contexts, strict=True)
+            ]
+        return self._soft_e_step_many(losses, labels, offsets, contexts, log_label_stats)
+
+    def _soft_e_step_many(
+        self,
+        losses: Tensor,
+        labels: Tensor,
+        offsets: Tensor,
+        contexts: list[ClientContext],
+        log_label_stats: Tensor | None,
+    ) -> list[ClientReport]:
+        losses = losses.to(torch.float64)
+        omega = torch.stack([context.omega.to(losses) for context in contexts])
+        log_omega = masked_log_omega(omega, contexts[0].active)
+        rows = torch.repeat_interleave(log_omega, offsets.diff().to(losses.device), dim=0)
+        log_gamma = responsibilities(losses, labels, rows, log_label_stats)
+        gamma = log_gamma.exp()
+        omegas = mixtures_of_clients(log_gamma, offsets).exp()
+        sums = label_sums_of_clients(gamma, labels, offsets, contexts[0].num_classes)
+        bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        return [
+            ClientReport(gamma=gamma[a:b], omega=omegas[c], label_sums=sums[c])
+            for c, (a, b) in enumerate(bounds)
+        ]
 
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
         """Train every active cluster with per-sample weights γ (eq. 5 of FedRC)."""

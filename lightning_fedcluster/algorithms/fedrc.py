@@ -94,6 +94,27 @@ class FedRC(Algorithm):
         self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
     ) -> ClientReport:
         report = super().e_step(losses, labels, context, log_label_stats if self.uses_label_stats else None)
+        return self._client_side(report, labels, context)
+
+    def e_step_many(
+        self,
+        losses: Tensor,
+        labels: Tensor,
+        offsets: Tensor,
+        contexts: list[ClientContext],
+        log_label_stats: Tensor | None,
+    ) -> list[ClientReport]:
+        """The batched soft E-step, then each client's Adam step and label noise (as ``e_step``)."""
+        stats = log_label_stats if self.uses_label_stats else None
+        reports = self._soft_e_step_many(losses, labels, offsets, contexts, stats)
+        bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        return [
+            self._client_side(report, labels[a:b], context)
+            for report, (a, b), context in zip(reports, bounds, contexts, strict=True)
+        ]
+
+    def _client_side(self, report: ClientReport, labels: Tensor, context: ClientContext) -> ClientReport:
+        """What follows the soft E-step on the client: FedRC-Adam's γ step and the label noise."""
         if self.adam_gamma:
             report = self._adam_step(report, labels, context)
         sigma = self.noise_std(context.client)

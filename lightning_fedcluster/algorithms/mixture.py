@@ -20,8 +20,11 @@ LABEL_STATS_FLOOR = 1e-8
 def responsibilities(
     losses: Tensor, labels: Tensor, log_omega: Tensor, log_label_stats: Tensor | None = None
 ) -> Tensor:
-    """Log responsibilities log γ_{j;k} = log_softmax_k(log ω_k − f_jk − log C_{y_j,k}). Returns [N, K]."""
-    scores = log_omega.to(losses.dtype).unsqueeze(0) - losses
+    """Log responsibilities log γ_{j;k} = log_softmax_k(log ω_k − f_jk − log C_{y_j,k}). Returns [N, K].
+
+    ``log_omega`` may also be [N, K]: each sample's own client prior (several clients at once)."""
+    log_omega = log_omega.to(losses.dtype)
+    scores = (log_omega.unsqueeze(0) if log_omega.dim() == 1 else log_omega) - losses
     if log_label_stats is not None:
         scores = scores - log_label_stats.to(losses.dtype)[labels]
     return torch.log_softmax(scores, dim=1)
@@ -31,6 +34,27 @@ def mixture_from_responsibilities(log_gamma: Tensor) -> Tensor:
     """ω_k = (1/N) Σ_j γ_{j;k}, returned as log ω (exact in log space). Returns [K]."""
     n = log_gamma.shape[0]
     return torch.logsumexp(log_gamma, dim=0) - torch.log(torch.tensor(float(n), dtype=log_gamma.dtype))
+
+
+def mixtures_of_clients(log_gamma: Tensor, offsets: Tensor) -> Tensor:
+    """``mixture_from_responsibilities`` of several clients at once: client c owns rows
+    offsets[c]:offsets[c+1] of ``log_gamma`` [N, K]. Returns log ω [C, K]."""
+    sizes = offsets.diff().to(log_gamma.device)
+    longest = int(sizes.max()) if sizes.numel() else 0
+    mask = torch.arange(longest, device=log_gamma.device).unsqueeze(0) < sizes.unsqueeze(1)
+    padded = log_gamma.new_full((sizes.numel(), longest, log_gamma.shape[1]), -math.inf)
+    padded[mask] = log_gamma[int(offsets[0]) : int(offsets[-1])]
+    return torch.logsumexp(padded, dim=1) - sizes.to(log_gamma.dtype).log().unsqueeze(1)
+
+
+def label_sums_of_clients(gamma: Tensor, labels: Tensor, offsets: Tensor, num_classes: int) -> Tensor:
+    """``label_sums`` of several clients at once (rows as in ``mixtures_of_clients``). [C, Y, K]."""
+    count, k = offsets.numel() - 1, gamma.shape[1]
+    sums = torch.zeros(count * num_classes, k, dtype=gamma.dtype, device=gamma.device)
+    if num_classes == 0:
+        return sums.view(count, 0, k)
+    owner = torch.repeat_interleave(torch.arange(count, device=gamma.device), offsets.diff().to(gamma.device))
+    return sums.index_add_(0, owner * num_classes + labels, gamma).view(count, num_classes, k)
 
 
 def label_sums(gamma: Tensor, labels: Tensor, num_classes: int) -> Tensor:
