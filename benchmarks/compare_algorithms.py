@@ -55,9 +55,11 @@ ALGORITHMS: dict[str, Callable[[int], lf.FederatedStrategy]] = {
 COLUMNS = ("local_acc", "global_acc", "concept_ari", "style_ari", "label_ari", "clusters")
 
 
-def run(name: str, seed: int, rounds: int) -> dict[str, float]:
+def run(name: str, seed: int, rounds: int, executor: str = "auto") -> dict[str, float]:
     dm = DigitsFederated(num_clients=30, concepts=3, seed=seed)
-    trainer = make_trainer(ALGORITHMS[name](seed), rounds, validate=False)
+    strategy = ALGORITHMS[name](seed)
+    strategy.executor = executor
+    trainer = make_trainer(strategy, rounds, validate=False)
     start = time.perf_counter()
     trainer.fit(MLPClassifier(lr=0.2), datamodule=dm)
     seconds = time.perf_counter() - start
@@ -84,12 +86,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
+    parser.add_argument("--executor", default="auto", choices=("auto", "loop", "vectorized"),
+                        help="client executor (the recorded table used the loop; auto vectorises the MLP)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     rows = {}
     for name in args.algorithms:
-        rows[name] = [run(name, seed, args.rounds) for seed in args.seeds]
+        rows[name] = [run(name, seed, args.rounds, args.executor) for seed in args.seeds]
         print(f"done {name}: " + ", ".join(f"{r['global_acc']:.3f}" for r in rows[name]), flush=True)
     print(
         f"\nmachine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
