@@ -110,6 +110,30 @@ def one_hot(k: int, num_clusters: int, like: Tensor) -> Tensor:
     return out
 
 
+def soft_e_step_of_clients(
+    losses: Tensor,
+    labels: Tensor,
+    offsets: Tensor,
+    contexts: list[ClientContext],
+    log_label_stats: Tensor | None,
+) -> list[ClientReport]:
+    """The soft E-step (``Algorithm.e_step``) of several clients in one batched computation;
+    client c owns rows offsets[c]:offsets[c+1] of ``losses`` [N, K] and ``labels`` [N]."""
+    losses = losses.to(torch.float64)
+    omega = torch.stack([context.omega.to(losses) for context in contexts])
+    rows = torch.repeat_interleave(
+        masked_log_omega(omega, contexts[0].active), offsets.diff().to(losses.device), dim=0
+    )
+    log_gamma = responsibilities(losses, labels, rows, log_label_stats)
+    gamma = log_gamma.exp()
+    omegas = mixtures_of_clients(log_gamma, offsets).exp()
+    sums = label_sums_of_clients(gamma, labels, offsets, contexts[0].num_classes)
+    bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+    return [
+        ClientReport(gamma=gamma[a:b], omega=omegas[c], label_sums=sums[c]) for c, (a, b) in enumerate(bounds)
+    ]
+
+
 class Algorithm:
     """Defaults: the soft EM mixture of FedEM (C ≡ 1), every active cluster trained with γ,
     server weight N_i, soft prediction, unseen clients by the iterated E-step."""
@@ -159,29 +183,7 @@ class Algorithm:
                 self.e_step(losses[a:b], labels[a:b], context, log_label_stats)
                 for a, b, context in zip(offsets[:-1].tolist(), offsets[1:].tolist(), contexts, strict=True)
             ]
-        return self._soft_e_step_many(losses, labels, offsets, contexts, log_label_stats)
-
-    def _soft_e_step_many(
-        self,
-        losses: Tensor,
-        labels: Tensor,
-        offsets: Tensor,
-        contexts: list[ClientContext],
-        log_label_stats: Tensor | None,
-    ) -> list[ClientReport]:
-        losses = losses.to(torch.float64)
-        omega = torch.stack([context.omega.to(losses) for context in contexts])
-        log_omega = masked_log_omega(omega, contexts[0].active)
-        rows = torch.repeat_interleave(log_omega, offsets.diff().to(losses.device), dim=0)
-        log_gamma = responsibilities(losses, labels, rows, log_label_stats)
-        gamma = log_gamma.exp()
-        omegas = mixtures_of_clients(log_gamma, offsets).exp()
-        sums = label_sums_of_clients(gamma, labels, offsets, contexts[0].num_classes)
-        bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
-        return [
-            ClientReport(gamma=gamma[a:b], omega=omegas[c], label_sums=sums[c])
-            for c, (a, b) in enumerate(bounds)
-        ]
+        return soft_e_step_of_clients(losses, labels, offsets, contexts, log_label_stats)
 
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
         """Train every active cluster with per-sample weights γ (eq. 5 of FedRC)."""

@@ -20,6 +20,7 @@ from lightning_fedcluster.algorithms.base import (
     ClientContext,
     ClientReport,
     LocalPlan,
+    soft_e_step_of_clients,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
@@ -106,7 +107,7 @@ class FedRC(Algorithm):
     ) -> list[ClientReport]:
         """The batched soft E-step, then each client's Adam step and label noise (as ``e_step``)."""
         stats = log_label_stats if self.uses_label_stats else None
-        reports = self._soft_e_step_many(losses, labels, offsets, contexts, stats)
+        reports = soft_e_step_of_clients(losses, labels, offsets, contexts, stats)
         bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
         return [
             self._client_side(report, labels[a:b], context)
