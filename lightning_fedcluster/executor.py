@@ -177,6 +177,16 @@ class VectorizedExecutor:
         self.loss_fn = functional_loss(model, module.task)
         self.config = SGDConfig.from_optimizer(module.optimizers().optimizer)
         self.names = [name for name, _ in model.named_parameters()]
+        self._stacked: tuple[int, dict[str, Tensor], dict[str, Tensor]] | None = None
+
+    def _round_models(
+        self, module: ClusteredModule, round_index: int
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The K global models stacked [K, ...], once per round: this executor never writes the
+        working copies, so they hold the round's global models for every chunk."""
+        if self._stacked is None or self._stacked[0] != round_index:
+            self._stacked = (round_index, *stack_models(module.models))
+        return self._stacked[1], self._stacked[2]
 
     def run_chunk(self, module: ClusteredModule, item: dict[str, Any]) -> None:
         """E-step, local training and aggregation of the chunk's clients."""
@@ -189,8 +199,7 @@ class VectorizedExecutor:
         rows = torch.cat([torch.arange(start, stop) for start, stop in spans]).to(module.device)
         x, y = module.data["train_x"][rows], module.data["train_y"][rows]
         with module._timed("e_step"):
-            module._load_global()
-            params, buffers = stack_models(module.models)
+            params, buffers = self._round_models(module, round_index)
             losses, raw = cluster_losses(
                 self.eval_template,
                 params,

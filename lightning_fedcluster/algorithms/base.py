@@ -25,10 +25,9 @@ from lightning_fedcluster.algorithms.mixture import (
     hard_weights,
     iterate_mixture,
     label_sums,
-    label_sums_of_clients,
     mixture_from_responsibilities,
-    mixtures_of_clients,
     responsibilities,
+    soft_e_step_rows,
 )
 from lightning_fedcluster.algorithms.schedule import derive_seed
 
@@ -121,13 +120,10 @@ def soft_e_step_of_clients(
     client c owns rows offsets[c]:offsets[c+1] of ``losses`` [N, K] and ``labels`` [N]."""
     losses = losses.to(torch.float64)
     omega = torch.stack([context.omega.to(losses) for context in contexts])
-    rows = torch.repeat_interleave(
-        masked_log_omega(omega, contexts[0].active), offsets.diff().to(losses.device), dim=0
+    log_omega = masked_log_omega(omega, contexts[0].active)
+    gamma, omegas, sums = soft_e_step_rows(
+        losses, labels, offsets, log_omega, log_label_stats, contexts[0].num_classes
     )
-    log_gamma = responsibilities(losses, labels, rows, log_label_stats)
-    gamma = log_gamma.exp()
-    omegas = mixtures_of_clients(log_gamma, offsets).exp()
-    sums = label_sums_of_clients(gamma, labels, offsets, contexts[0].num_classes)
     bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
     return [
         ClientReport(gamma=gamma[a:b], omega=omegas[c], label_sums=sums[c]) for c, (a, b) in enumerate(bounds)

@@ -36,15 +36,23 @@ def mixture_from_responsibilities(log_gamma: Tensor) -> Tensor:
     return torch.logsumexp(log_gamma, dim=0) - torch.log(torch.tensor(float(n), dtype=log_gamma.dtype))
 
 
+def pad_clients(values: Tensor, offsets: Tensor, fill: float | int = 0) -> tuple[Tensor, Tensor]:
+    """Rows of C clients (client c owns rows offsets[c]:offsets[c+1]) as [C, N_max, ...] plus a
+    boolean mask [C, N_max] of real rows; padding holds ``fill``."""
+    sizes = offsets.diff()
+    count, longest = sizes.numel(), int(sizes.max()) if sizes.numel() else 0
+    mask = torch.arange(longest, device=values.device).unsqueeze(0) < sizes.to(values.device).unsqueeze(1)
+    padded = values.new_full((count, longest, *values.shape[1:]), fill)
+    padded[mask] = values[int(offsets[0]) : int(offsets[-1])]
+    return padded, mask
+
+
 def mixtures_of_clients(log_gamma: Tensor, offsets: Tensor) -> Tensor:
     """``mixture_from_responsibilities`` of several clients at once: client c owns rows
     offsets[c]:offsets[c+1] of ``log_gamma`` [N, K]. Returns log ω [C, K]."""
-    sizes = offsets.diff().to(log_gamma.device)
-    longest = int(sizes.max()) if sizes.numel() else 0
-    mask = torch.arange(longest, device=log_gamma.device).unsqueeze(0) < sizes.unsqueeze(1)
-    padded = log_gamma.new_full((sizes.numel(), longest, log_gamma.shape[1]), -math.inf)
-    padded[mask] = log_gamma[int(offsets[0]) : int(offsets[-1])]
-    return torch.logsumexp(padded, dim=1) - sizes.to(log_gamma.dtype).log().unsqueeze(1)
+    padded, _ = pad_clients(log_gamma, offsets, fill=-math.inf)
+    sizes = offsets.diff().to(log_gamma.device, log_gamma.dtype)
+    return torch.logsumexp(padded, dim=1) - sizes.log().unsqueeze(1)
 
 
 def label_sums_of_clients(gamma: Tensor, labels: Tensor, offsets: Tensor, num_classes: int) -> Tensor:
@@ -55,6 +63,27 @@ def label_sums_of_clients(gamma: Tensor, labels: Tensor, offsets: Tensor, num_cl
         return sums.view(count, 0, k)
     owner = torch.repeat_interleave(torch.arange(count, device=gamma.device), offsets.diff().to(gamma.device))
     return sums.index_add_(0, owner * num_classes + labels, gamma).view(count, num_classes, k)
+
+
+def soft_e_step_rows(
+    losses: Tensor,
+    labels: Tensor,
+    offsets: Tensor,
+    log_omega: Tensor,
+    log_label_stats: Tensor | None,
+    num_classes: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The soft E-step of C clients at once; client c owns rows offsets[c]:offsets[c+1] of
+    ``losses`` [N, K] and ``labels`` [N] and has the prior ``log_omega[c]`` ([C, K]).
+
+    Returns γ [N, K], ω [C, K] and the label sums S [C, Y, K], as ``responsibilities``,
+    ``mixture_from_responsibilities`` and ``label_sums`` give them client by client.
+    """
+    rows = torch.repeat_interleave(log_omega, offsets.diff().to(losses.device), dim=0)
+    log_gamma = responsibilities(losses, labels, rows, log_label_stats)
+    gamma = log_gamma.exp()
+    omega = mixtures_of_clients(log_gamma, offsets).exp()
+    return gamma, omega, label_sums_of_clients(gamma, labels, offsets, num_classes)
 
 
 def label_sums(gamma: Tensor, labels: Tensor, num_classes: int) -> Tensor:

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+from lightning_fedcluster.algorithms.mixture import pad_clients, soft_e_step_rows
+
 Params = dict[str, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -116,17 +118,6 @@ def cluster_losses(
     return (torch.cat(losses) if y is not None else None), out_all
 
 
-def pad_clients(values: Tensor, offsets: Tensor, fill: float | int = 0) -> tuple[Tensor, Tensor]:
-    """Rows of C clients (client c owns rows offsets[c]:offsets[c+1]) as [C, N_max, ...] plus a
-    boolean mask [C, N_max] of real rows; padding holds ``fill``."""
-    sizes = offsets.diff()
-    count, longest = sizes.numel(), int(sizes.max()) if sizes.numel() else 0
-    mask = torch.arange(longest, device=values.device).unsqueeze(0) < sizes.to(values.device).unsqueeze(1)
-    padded = values.new_full((count, longest, *values.shape[1:]), fill)
-    padded[mask] = values[int(offsets[0]) : int(offsets[-1])]
-    return padded, mask
-
-
 def batched_e_step(
     losses: Tensor,
     labels: Tensor,
@@ -135,23 +126,20 @@ def batched_e_step(
     log_label_stats: Tensor | None,
     num_classes: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The FedRC E-step (FedEM with ``log_label_stats=None``) of C clients at once.
+    """The FedRC E-step (FedEM with ``log_label_stats=None``) of C clients on padded tensors.
 
-    ``losses`` [C, N, K], ``labels`` [C, N], ``mask`` [C, N] (real samples), ``log_omega``
-    [C, K] (each client's prior), ``log_label_stats`` [Y, K] or None. Returns γ [C, N, K]
-    (zero on padding), ω [C, K] = mean of γ over each client's real samples, and the label
-    sums S [C, Y, K]. Works in the dtype of ``losses`` (float64 recommended).
+    ``losses`` [C, N, K], ``labels`` [C, N], ``mask`` [C, N] (real samples first, as
+    ``pad_clients`` lays them out), ``log_omega`` [C, K] (each client's prior),
+    ``log_label_stats`` [Y, K] or None. Returns γ [C, N, K] (zero on padding), ω [C, K] and the
+    label sums S [C, Y, K], computed by ``mixture.soft_e_step_rows`` on the real rows.
     """
-    scores = log_omega.to(losses.dtype).unsqueeze(1) - losses
-    if log_label_stats is not None:
-        scores = scores - log_label_stats.to(losses.dtype)[labels]
-    gamma = torch.softmax(scores, dim=2) * mask.unsqueeze(2).to(losses.dtype)
-    counts = mask.sum(1, keepdim=True).to(losses.dtype)
-    omega = gamma.sum(1) / counts.clamp_min(1)
-    clients, n, k = gamma.shape
-    sums = torch.zeros(clients, num_classes, k, dtype=losses.dtype, device=losses.device)
-    sums.scatter_add_(1, labels.clamp(0, num_classes - 1).unsqueeze(2).expand(clients, n, k), gamma)
-    return gamma, omega, sums
+    offsets = torch.cat([mask.new_zeros(1, dtype=torch.long), mask.sum(1).cumsum(0)]).cpu()
+    gamma, omega, sums = soft_e_step_rows(
+        losses[mask], labels[mask], offsets, log_omega.to(losses.dtype), log_label_stats, num_classes
+    )
+    padded = gamma.new_zeros(losses.shape)
+    padded[mask] = gamma
+    return padded, omega, sums
 
 
 @dataclass(frozen=True)
