@@ -315,11 +315,11 @@ def authors_model() -> tuple[FashionCNN, str]:
     return model, "hparams (FashionCNN takes no weight_decay argument)"
 
 
-def make_strategy(optimizer_state: str, seed: int) -> tuple[FedRCStrategy, str]:
+def make_strategy(optimizer_state: str, seed: int, server: dict[str, Any]) -> tuple[FedRCStrategy, str]:
     """FedRCStrategy with ``optimizer_state`` where the library has it. An unknown keyword is not
     refused: FederatedStrategy hands it to Lightning's DDPStrategy, which keeps it as a
     DistributedDataParallel argument that is never used, so support is read from the signatures."""
-    options = dict(local_steps=1, clients_per_round=None, seed=seed)
+    options = dict(local_steps=1, clients_per_round=None, seed=seed, **server)
     known = any(
         "optimizer_state" in inspect.signature(cls.__init__).parameters
         for cls in FedRCStrategy.__mro__
@@ -375,6 +375,18 @@ def format_row(name: str, row: dict[str, float], concepts: list[int]) -> str:
     return f"{name:<10}" + "".join(f"{c:>12}" for c in cells)
 
 
+def server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The server optimizer's arguments of FedRCStrategy, as given on the command line."""
+    options: dict[str, Any] = {}
+    if args.server_optimizer != "none":
+        options["server_optimizer"] = args.server_optimizer
+    if args.server_lr != 1.0:
+        options["server_lr"] = args.server_lr
+    if args.server_momentum is not None:
+        options["server_momentum"] = args.server_momentum
+    return options
+
+
 def run(args: argparse.Namespace) -> None:
     quiet()
     set_clock(args.clock)
@@ -393,7 +405,7 @@ def run(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         torch.manual_seed(seed)
         model, decay_via = authors_model()
-        strategy, state = make_strategy(args.optimizer_state, seed)
+        strategy, state = make_strategy(args.optimizer_state, seed, server_options(args))
         if state == "unsupported":
             print(
                 f"NOTE: FedRCStrategy does not accept optimizer_state yet; '{args.optimizer_state}' was "
@@ -401,7 +413,8 @@ def run(args: argparse.Namespace) -> None:
                 "client and round)"
             )
         print(
-            f"seed {seed}: FedRCStrategy(K={K}, local_steps=1, all clients, optimizer_state={state}), "
+            f"seed {seed}: FedRCStrategy(K={K}, local_steps=1, all clients, optimizer_state={state}, "
+            f"{', '.join(f'{k}={v}' for k, v in server_options(args).items()) or 'no server optimizer'}), "
             f"FashionCNN SGD lr {LR} momentum {MOMENTUM} weight decay {WEIGHT_DECAY} via {decay_via}, "
             f"batch {BATCH}, {args.rounds} rounds; train CPU-s: the round (E-step, local steps, "
             "aggregation); eval CPU-s: adapt + score of the global clients"
@@ -449,6 +462,9 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=25)
     r.add_argument("--optimizer-state", choices=("reset", "persist"), default="reset")
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument("--server-optimizer", choices=("none", "momentum", "adam"), default="none")
+    r.add_argument("--server-lr", type=float, default=1.0, help="η_g")
+    r.add_argument("--server-momentum", type=float, default=None, help="β of --server-optimizer momentum")
     r.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help=CLOCK_HELP)
     r.add_argument("--quiet-rounds", action="store_true", help="print only each seed's last round")
     args = parser.parse_args()

@@ -6,6 +6,13 @@ label shift, the FedRC paper's client-type mix with corrupted clients; 10 client
 and the machine; results are recorded in benchmarks/RESULTS.md.
 
     python benchmarks/digits_concepts.py --seeds 0 1 2 3 4 5
+
+Options for the dead-cluster and server-optimizer studies (issue 11): ``--lr``/``--momentum``
+(the local SGD), ``--optimizer-state reset|persist``, ``--server-optimizer``/``--server-lr``,
+``--reseed-threshold δ`` (FedRCStrategy's re-seeding of dead clusters) and ``--fedrc-only``. At
+the end, ``clusters used`` counts the clusters that some seen client's largest mixture weight
+points to, ``clusters alive`` those that explain at least 5 % of the seen clients' data (3 =
+none died).
 """
 
 from __future__ import annotations
@@ -20,38 +27,71 @@ import warnings
 
 import lightning.pytorch as pl
 import torch
+from _common import make_trainer
 
 from lightning_fedcluster import FedRCStrategy
+from lightning_fedcluster.algorithms.reseed import cluster_shares
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 
-METRICS = ("test/local_acc", "test/global_acc", "test/concept_ari")
+METRICS = ("test/local_acc", "test/global_acc", "test/concept_ari", "used", "alive")
+ALIVE_SHARE = 0.05  # a cluster is alive when it explains at least 5 % of the seen clients' data
 
 
-def run(num_clusters: int, seed: int, rounds: int) -> dict[str, float]:
+def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, float]:
     dm = DigitsFederated(num_clients=30, concepts=3, seed=seed)
-    strategy = FedRCStrategy(num_clusters, clients_per_round=10, local_steps=5, seed=seed)
-    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_epochs=rounds, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         limit_val_batches=0, num_sanity_val_steps=0)
+    options = {}
+    if args.reseed_threshold is not None and num_clusters > 1:
+        options["reseed_threshold"] = args.reseed_threshold
+    if args.server_optimizer != "none":
+        options.update(server_optimizer=args.server_optimizer, server_lr=args.server_lr)
+    strategy = FedRCStrategy(
+        num_clusters,
+        clients_per_round=10,
+        local_steps=5,
+        seed=seed,
+        optimizer_state=args.optimizer_state,
+        **options,
+    )
+    trainer = make_trainer(strategy, args.rounds, validate=False)
     start = time.perf_counter()
-    trainer.fit(MLPClassifier(lr=0.2), datamodule=dm)
+    trainer.fit(MLPClassifier(lr=args.lr, momentum=args.momentum), datamodule=dm)
     seconds = time.perf_counter() - start
     result = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]
-    return {**{m: result[m] for m in METRICS}, "seconds": seconds}
+    state = trainer.lightning_module.client_state
+    used = state.omega[state.seen].argmax(1).unique().numel()
+    alive = int((cluster_shares(state.omega, dm.train_sizes, state.seen) >= ALIVE_SHARE).sum())
+    counts = {"used": float(used), "alive": float(alive), "seconds": seconds}
+    return {**{m: result[m] for m in METRICS[:3]}, **counts}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
     parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--lr", type=float, default=0.2)
+    parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--optimizer-state", choices=("reset", "persist"), default="reset")
+    parser.add_argument("--reseed-threshold", type=float, default=None)
+    parser.add_argument("--server-optimizer", choices=("none", "momentum", "adam"), default="none")
+    parser.add_argument("--server-lr", type=float, default=1.0, help="η_g of --server-optimizer")
+    parser.add_argument("--fedrc-only", action="store_true", help="skip the FedAvg (K=1) runs")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    rows = {k: [run(k, seed, args.rounds) for seed in args.seeds] for k in (3, 1)}
-    print(f"machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, lightning {pl.__version__}, seeds {args.seeds}")
-    print(f"{'model':<16}{'local acc':>16}{'global acc':>16}{'concept ARI':>16}{'s / run':>10}")
+    ks = (3,) if args.fedrc_only else (3, 1)
+    rows = {k: [run(k, seed, args) for seed in args.seeds] for k in ks}
+    print(
+        f"machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, lightning {pl.__version__}, seeds {args.seeds}"
+    )
+    print(
+        f"SGD lr {args.lr} momentum {args.momentum}, optimizer_state={args.optimizer_state}, "
+        f"reseed_threshold={args.reseed_threshold}, server_optimizer={args.server_optimizer} "
+        f"(server_lr {args.server_lr}), {args.rounds} rounds"
+    )
+    names = ("local acc", "global acc", "concept ARI", "clusters used", "clusters alive")
+    print(f"{'model':<16}" + "".join(f"{n:>16}" for n in names) + f"{'s / run':>10}")
     for k, runs in rows.items():
         cells = []
         for metric in METRICS:
@@ -59,12 +99,15 @@ def main() -> None:
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.3f} ± {spread:.3f}")
         name = "FedRC K=3" if k == 3 else "FedAvg (K=1)"
-        print(f"{name:<16}" + "".join(f"{c:>16}" for c in cells)
-              + f"{statistics.mean(r['seconds'] for r in runs):>10.1f}")
-    print("per seed (global acc / ARI):")
+        seconds = statistics.mean(r["seconds"] for r in runs)
+        print(f"{name:<16}" + "".join(f"{c:>16}" for c in cells) + f"{seconds:>10.1f}")
+    print("per seed (global acc / ARI / clusters used / alive):")
     for k, runs in rows.items():
-        print(f"  K={k}: " + ", ".join(f"s{s}: {r['test/global_acc']:.3f}/{r['test/concept_ari']:.2f}"
-                                      for s, r in zip(args.seeds, runs, strict=True)))
+        cells = [
+            f"s{s}: {r['test/global_acc']:.3f}/{r['test/concept_ari']:.2f}/{r['used']:.0f}/{r['alive']:.0f}"
+            for s, r in zip(args.seeds, runs, strict=True)
+        ]
+        print(f"  K={k}: " + ", ".join(cells))
 
 
 if __name__ == "__main__":

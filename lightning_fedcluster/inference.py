@@ -1,5 +1,7 @@
-"""Inference for clients that took no part in training, and for any client given its mixture
-weights: the ω of the algorithm's own rule from labelled data, then the mixture prediction."""
+"""Inference for any client: a participating client predicts with its own mixture weights ω
+(or its personal model), a client that took no part in training with the ω the algorithm's rule
+fits on its labelled data (``new_client``), and a client without labels with the mixture prior.
+The mixture itself is ``engine.evaluation.mixture_prediction``, the one the evaluation scores."""
 
 from __future__ import annotations
 
@@ -9,10 +11,31 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.mixture import mixture_probabilities
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.evaluation import (
+    mixture_prediction,
+    personal_prediction,
+    predicts_per_client,
+)
 
 if TYPE_CHECKING:
     from lightning_fedcluster.module import ClusteredModule
+
+UNSEEN = -1  # the client id of a row from a client without labels: predicted with the mixture prior
+
+
+def mixture_prior(omega: Tensor, sizes: Tensor, seen: Tensor, active: Tensor) -> Tensor:
+    """The ω of a client known by nothing but its inputs: π_k = Σ_i N_i ω_ik / Σ_i N_i over the
+    participating clients that took part in training (the share of all training samples cluster k
+    explains), restricted to the active clusters; uniform over them before any client took part.
+
+    ``omega`` [M, K], ``sizes`` [M] training samples, ``seen`` [M] bool, ``active`` [K] bool."""
+    keep = active.to(omega.device, omega.dtype)
+    weights = (sizes.to(omega.device, omega.dtype) * seen.to(omega.device, omega.dtype)).unsqueeze(1)
+    prior = (weights * omega).sum(0) * keep
+    if not bool(prior.sum() > 0):
+        prior = keep
+    return prior / prior.sum()
 
 
 @dataclass
@@ -46,13 +69,100 @@ class NewClients:
         """A predictor for a new client from its labelled data, without training the cluster models."""
         return ClientPredictor(omega=self.adapt(x, y), module=self)
 
+    def mixture_prior(self: ClusteredModule) -> Tensor:
+        """ω [K] of a client without labels: the participating clients' ω weighted by their
+        training samples (``inference.mixture_prior``)."""
+        state = self._trained_state()
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if datamodule is None:
+            raise RuntimeError(
+                "the mixture prior weighs the participating clients by their training samples: predict "
+                "with the trainer that fit the module (its datamodule attached)"
+            )
+        sizes = datamodule.train_sizes
+        return mixture_prior(state.omega, sizes, state.seen, state.active).to(self.device)
+
+    def client_omega(self: ClusteredModule, client: int | None = None) -> Tensor:
+        """ω [K] of participating client ``client`` (from its last round), or the mixture prior for
+        ``None`` (a client without labels)."""
+        if client is None or client == UNSEEN:
+            return self.mixture_prior()
+        ids = self._client_ids(client, 1)
+        return self._trained_state().omega[int(ids[0])].to(self.device)
+
+    def omega_table(self: ClusteredModule) -> Tensor:
+        """[M + 1, K]: every participating client's ω, then the mixture prior (row M, for -1)."""
+        return torch.cat([self._trained_state().omega.to(self.device), self.mixture_prior().unsqueeze(0)])
+
     @torch.no_grad()
-    def predict_proba(self: ClusteredModule, x: Tensor, omega: Tensor) -> Tensor:
-        """p(y|x) (or the mixture prediction, regression) of a client with mixture weights ω."""
-        _, outputs = self.evaluate_clusters(x.to(self.device))
-        return mixture_probabilities(outputs, self.rule.prediction_weights(omega.to(self.device)))
+    def predict_proba(
+        self: ClusteredModule, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
+    ) -> Tensor:
+        """p(y|x) [N, C] (regression: the mixture prediction [N, D]) of the cluster models.
+
+        Give at most one of: ``omega`` (mixture weights [K], mixed by the rule's prediction
+        weights), ``client`` (a participating client's index, or one per row [N]; -1 marks a row
+        of a client without labels), or neither (every row from a client without labels: the
+        mixture prior). A participating client predicts as the evaluation scores it: with its own
+        ω, its personal model (FedSoft, D-FedEM), or models fine-tuned on its data (FedRC-FT)."""
+        x = x.to(self.device)
+        if omega is not None:
+            if client is not None:
+                raise ValueError("give predict_proba either omega or client, not both")
+            return mixture_prediction(self, x, omega.to(self.device))
+        state = self._trained_state()
+        ids = self._client_ids(UNSEEN if client is None else client, x.shape[0])
+        table = self.omega_table()
+        owner = torch.where(ids < 0, state.num_clients, ids).to(self.device)
+        if not predicts_per_client(self):
+            used, owner = owner.unique(return_inverse=True)
+            return mixture_prediction(self, x, table[used], owner)
+        snapshot, stats, parts = self.copies.snapshot(), self.current_label_stats(), []
+        for index in owner.unique().tolist():
+            rows = (owner == index).nonzero().flatten()
+            if index < state.num_clients:
+                parts.append((rows, personal_prediction(self, index, x[rows], stats, snapshot)))
+            else:
+                parts.append((rows, mixture_prediction(self, x[rows], table[index])))
+        out = parts[0][1].new_empty(x.shape[0], *parts[0][1].shape[1:]) if parts else x.new_empty(0)
+        for rows, prediction in parts:
+            out[rows] = prediction
+        return out
+
+    def predict(
+        self: ClusteredModule, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
+    ) -> Tensor:
+        """Predicted labels [N] (regression: predictions [N, D]); arguments as ``predict_proba``."""
+        out = self.predict_proba(x, omega, client=client)
+        return out.argmax(1) if self.task == "classification" else out
 
     def current_label_stats(self: ClusteredModule) -> Tensor | None:
         assert self.client_state is not None
         stats = self.rule.log_label_stats(self.client_state)
         return None if stats is None else stats.to(self.device)
+
+    def _trained_state(self: ClusteredModule) -> ClientState:
+        if self.client_state is None:
+            raise RuntimeError(
+                "the ClusteredModule has no client state yet: predict after trainer.fit (with the module fit "
+                "trained, trainer.lightning_module), or load a checkpoint with trainer.predict(ckpt_path=...)"
+            )
+        return self.client_state
+
+    def _client_ids(self: ClusteredModule, client: int | Tensor, rows: int) -> Tensor:
+        """``client`` as a LongTensor [rows] of participating-client indices or -1, checked."""
+        count = self._trained_state().num_clients
+        ids = torch.as_tensor(client)
+        if ids.is_floating_point() or ids.dtype == torch.bool or ids.dim() > 1:
+            raise TypeError(f"client must be an integer or an integer tensor [N] of client ids, got {ids!r}")
+        ids = ids.long().cpu().expand(rows) if ids.dim() == 0 else ids.long().cpu()
+        if ids.shape[0] != rows:
+            raise ValueError(f"client has {ids.shape[0]} ids but x has {rows} rows: give one id per row")
+        bad = (ids < UNSEEN) | (ids >= count)
+        if bool(bad.any()):
+            raise ValueError(
+                f"client ids must be participating clients 0..{count - 1} or -1 (a client without labels: "
+                f"the mixture prior), got {ids[bad][:5].tolist()}; for a new client with labels use "
+                "module.new_client(x, y)"
+            )
+        return ids

@@ -30,7 +30,7 @@ from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.copies import (
     ClusterCopies,
     independent_copies,
-    local_optimizer,
+    local_solver,
     tie_shared_layers,
 )
 from lightning_fedcluster.engine.evaluation import Evaluation, EvaluationHooks
@@ -39,28 +39,34 @@ from lightning_fedcluster.engine.executors.select import choose_executor, chunk_
 from lightning_fedcluster.engine.executors.vectorized import VectorizedExecutor
 from lightning_fedcluster.engine.losses import evaluate_models, pass_rows, per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import StateLayout, persistent_layout, report_store_size
+from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from, forward_logits
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.schedulers import RoundSchedulers
+from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
 from lightning_fedcluster.engine.setup_checks import (
     check_loss_growth,
     check_output_shape,
     check_training_setup,
 )
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
-from lightning_fedcluster.inference import NewClients
+from lightning_fedcluster.export import ClusterExport
+from lightning_fedcluster.prediction import PredictionHooks
 
 CHECKPOINT_KEY = CLIENT_STATE_KEY
 # Cumulative wall time per engine phase, in ``ClusteredModule.phase_seconds``.
 PHASES = ("e_step", "local_training", "aggregation", "evaluation")
 
 
-class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.LightningModule):
+class ClusteredModule(
+    PredictionHooks, ClusterExport, EvaluationHooks, CheckpointHooks, ServerOptimizerHooks, pl.LightningModule
+):
     """K copies of ``module`` (whose ``forward`` returns logits, or predictions for regression)
     trained federatedly.
 
     The per-sample loss is ``module.per_sample_loss(batch)`` if defined, else ``module.criterion``
     (its reduction is switched to ``"none"``), else cross-entropy (classification) or the squared
     error averaged over output dimensions (regression). The optimizer comes from
-    ``module.configure_optimizers()`` and is the local solver of every client.
+    ``module.configure_optimizers()`` and is the local solver of every client (its schedulers step per round).
 
     Args:
         module: the user's LightningModule (reused unchanged; copied K times).
@@ -69,6 +75,7 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
         eval_batch_size: largest batch of the no-grad passes (lowered to hold <= 64 MB of activations).
         shared_layers: dotted names of submodules shared by all K copies (one feature extractor,
             K clustered heads; FedRC Table 11). Shared layers are averaged over all clients.
+        logits_from: where the logits are in a dict/tuple forward: a key, an index or a callable.
     """
 
     def __init__(
@@ -79,6 +86,7 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
         seed: int = 0,
         eval_batch_size: int = 4096,
         shared_layers: Sequence[str] = (),
+        logits_from: LogitsFrom = None,
     ) -> None:
         super().__init__()
         check_positive_int("num_clusters", num_clusters)
@@ -97,6 +105,7 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
         self.pass_rows = eval_batch_size  # set in setup from the model's activation size
         self.stacked_pass_rows = eval_batch_size  # the same for K models at once (vectorised)
         self.shared_layers = tuple(shared_layers)
+        self.logits_from, self.schedulers = check_logits_from(logits_from), RoundSchedulers()
         copies = independent_copies(module, num_clusters, seed)
         shared = tie_shared_layers(copies, self.shared_layers) if self.shared_layers else []
         self.models = nn.ModuleList(copies)
@@ -171,7 +180,7 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
                 "datamodule is a regression task: use FedEMStrategy (FedRC without C) for regression"
             )
         strategy.check_datamodule(datamodule)
-        check_output_shape(self.models[0], datamodule, self.task)
+        check_output_shape(self.models[0], datamodule, self.task, self.logits_from)
         sample = datamodule.train_split(0)[0][:2].to(next(self.models[0].parameters()).device)
         self.pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size)
         self.stacked_pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size, self.num_clusters)
@@ -185,7 +194,7 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
             self._vectorized = None
             self.optimizer_layout = None
             if strategy.local_optimizer_state == "persist":
-                self.optimizer_layout = persistent_layout(self.models, self.configure_optimizers())
+                self.optimizer_layout = persistent_layout(self.models, self.trainer)
                 report_store_size(self.optimizer_layout, datamodule.num_clients)
         shape = (datamodule.num_clients, self.num_state_classes, self.num_clusters)
         state = self.client_state
@@ -205,10 +214,10 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
         """Rows of the label statistics: the class count, 0 for regression."""
         return self.trainer.datamodule.num_classes if self.task == "classification" else 0
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
         """One optimizer over all K copies (one step per client-step), built from the user's own
-        configure_optimizers; shared layers appear once."""
-        return local_optimizer(self.models)
+        configure_optimizers (shared layers appear once), with its schedulers (stepped per round)."""
+        return self.schedulers.configure(*local_solver(self.models, self.trainer), self.task)
 
     # ------------------------------------------------------------------ data and clients
     @property
@@ -251,16 +260,16 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
 
     def per_sample_loss(self, k: int, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
         """Loss of every sample under cluster model k, shape [N]."""
-        return per_sample_loss(self.models[k], x, y, self.task, out)
+        return per_sample_loss(self.models[k], x, y, self.task, out, self.logits_from)
 
     @torch.no_grad()
     def evaluate_clusters(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
         """Per-sample losses [N, K] (None without labels) and outputs [K, N, ...] of every cluster model."""
-        return evaluate_models(self.models, x, y, self.task, self.pass_rows)
+        return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
 
     def forward(self, x: Tensor) -> Tensor:
         """Outputs of every cluster model, shape [K, N, ...]."""
-        return torch.stack([model(x) for model in self.models])
+        return torch.stack([forward_logits(model, x, self.logits_from) for model in self.models])
 
     # ------------------------------------------------------------------ personal models
     def personal_copies(self) -> range:
@@ -343,13 +352,14 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
         strategy, dm, rule = self.trainer.strategy, self.trainer.datamodule, self.rule
         round_state = self.round
         round_state.reduce(lambda t: strategy.reduce(t, reduce_op="sum"))
-        round_state.apply(strategy.server_lr)
+        round_state.apply(strategy.server_lr, self.server_optimizer)
         server.record_round(rule, self.client_state, round_state, dm.train_offsets)
         actions = rule.after_round(self.client_state, server.round_outcome(round_state, dm.train_sizes))
         server.apply_actions(actions, self.client_state, round_state.global_clusters, rule, rank_zero_info)
         self.copies.load((round_state.global_clusters, round_state.global_shared))
         self.round = None
         self._set_round_metrics(round_state)
+        self.schedulers.step(round_state.round_index, self.round_metrics)
         next_round, last = self.trainer.current_epoch + 1, self.trainer.max_epochs
         if last is None or last < 0 or next_round < last:
             self._prepare_round(next_round)
@@ -372,29 +382,17 @@ class ClusteredModule(NewClients, EvaluationHooks, CheckpointHooks, pl.Lightning
 
     def _set_round_metrics(self, round_state: RoundState) -> None:
         assert self.client_state is not None
-        nll, second, count = (float(v) for v in round_state.report["metrics"])
-        count = max(count, 1.0)
-        second_name = "train/mse" if self.task == "regression" else "train/acc"
-        self.round_metrics = {"train/loss": nll / count, second_name: second / count}
-        self.round_metrics["train/clients"] = float(round_state.reported_slots().sum())
-        self.round_metrics["clusters/active"] = float(self.client_state.active.sum())
-        self._first_round_loss = check_loss_growth(
-            self._first_round_loss, nll / count, round_state.round_index
-        )
+        self.round_metrics = server.round_metrics(round_state, self.client_state, self.task)
+        loss = self.round_metrics["train/loss"]
+        self._first_round_loss = check_loss_growth(self._first_round_loss, loss, round_state.round_index)
         for name, value in self.round_metrics.items():
-            self.log(
-                name,
-                value,
-                on_step=False,
-                on_epoch=True,
-                logger=False,
-                prog_bar=name in ("train/loss", "train/acc", "train/mse"),
-                batch_size=1,
-                sync_dist=True,
-                rank_zero_only=False,
-            )
+            prog_bar = name in ("train/loss", "train/acc", "train/mse")
+            options = dict(on_step=False, on_epoch=True, logger=False, batch_size=1, sync_dist=True)
+            self.log(name, value, prog_bar=prog_bar, **options)
 
     def configure_callbacks(self) -> list[pl.Callback]:
+        """A ClusterMonitor, unless the trainer has one (the user's, or ours from an earlier fit)."""
         from lightning_fedcluster.callbacks.cluster_monitor import ClusterMonitor
 
-        return [ClusterMonitor()]
+        present = any(isinstance(c, ClusterMonitor) for c in self.trainer.callbacks)
+        return [] if present else [ClusterMonitor()]

@@ -2,7 +2,8 @@
 
 One module per algorithm's rules: :mod:`.fedrc` (FedRC, FedEM), :mod:`.dfedem`, :mod:`.fedsoft`,
 :mod:`.ifca`, :mod:`.fesem` (FeSEM, WeCFL), :mod:`.cfl`, :mod:`.fedprox` (FedProx, FedAvg); the
-contract they implement is in :mod:`.base`.
+contract they implement is in :mod:`.base`. Shared by all: server optimizers
+(:mod:`.server_optimizer`); FedRC's optional re-seeding of dead clusters is :mod:`.reseed`.
 """
 
 from lightning_fedcluster.algorithms.base import Algorithm, ClientReport, HardAssignment

@@ -39,6 +39,18 @@ class CopyCluster:
 
 
 @dataclass(frozen=True)
+class SplitCluster:
+    """Cluster ``target`` restarts as a copy of cluster ``source``'s global model and takes the
+    fraction ``to_target`` [n] of each of ``clients`` [n]'s ω and label-sum mass on ``source``;
+    every client's local-optimizer state for ``target`` restarts (a dead cluster re-seeded)."""
+
+    target: int
+    source: int
+    clients: Tensor
+    to_target: Tensor
+
+
+@dataclass(frozen=True)
 class SetCentre:
     """Cluster ``cluster``'s global model becomes the flat ``vector`` (e.g. a K-means centre)."""
 
@@ -69,4 +81,4 @@ class Note:
     text: str
 
 
-ServerAction = RemoveClusters | CopyCluster | SetCentre | Reassign | SetState | Note
+ServerAction = RemoveClusters | CopyCluster | SplitCluster | SetCentre | Reassign | SetState | Note

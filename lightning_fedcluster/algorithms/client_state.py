@@ -73,6 +73,19 @@ class ClientState:
         if gamma is not None:
             self.extra["gamma"] = _renormalise(gamma * keep, keep)
 
+    def split_cluster(self, source: int, target: int, clients: Tensor, to_target: Tensor) -> None:
+        """Move the fraction ``to_target`` [n] of each client's ω and label sums on ``source`` to
+        ``target`` (alive from now on), and restart every client's optimizer state for ``target``."""
+        fraction = to_target.to(self.omega.dtype)
+        moved = self.omega[clients, source] * fraction
+        self.omega[clients, target] += moved
+        self.omega[clients, source] -= moved
+        sums = self.label_sums[clients, :, source] * fraction.unsqueeze(1)
+        self.label_sums[clients, :, target] += sums
+        self.label_sums[clients, :, source] -= sums
+        self.active[target] = True
+        self.optimizer_started[:, target] = False
+
     def state_dict(self) -> dict[str, Tensor]:
         state = {
             "omega": self.omega.clone(),

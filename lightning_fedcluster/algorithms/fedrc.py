@@ -25,6 +25,7 @@ from lightning_fedcluster.algorithms.base import (
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
+from lightning_fedcluster.algorithms.reseed import cluster_shares, reseed_split
 
 # FedRC-Adam defaults (App. H.3).
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
@@ -43,6 +44,9 @@ class FedRC(Algorithm):
             one value for all clients or one per client.
         removal_threshold: δ of adaptive K (App. F): after each round, remove clusters whose share
             of γ over all seen clients' data is below δ (None: never).
+        reseed_threshold: after each round, re-seed the emptiest cluster whose share is below this
+            from the largest one (:mod:`.reseed`; None: never, as in the paper).
+        reseed_seed: seeds the random half of clients a re-seeding moves.
     """
 
     def __init__(
@@ -56,6 +60,8 @@ class FedRC(Algorithm):
         label_noise_std: float | Sequence[float] = 0.0,
         removal_threshold: float | None = None,
         label_stats_floor: float = LABEL_STATS_FLOOR,
+        reseed_threshold: float | None = None,
+        reseed_seed: int = 0,
     ) -> None:
         super().__init__(num_clusters)
         self.uses_label_stats = use_label_stats
@@ -65,6 +71,8 @@ class FedRC(Algorithm):
         self.label_noise_std = label_noise_std
         self.removal_threshold = removal_threshold
         self.label_stats_floor = label_stats_floor
+        self.reseed_threshold = reseed_threshold
+        self.reseed_seed = reseed_seed
         if adam_gamma:
             self.per_sample_state = ("gamma", "adam_m", "adam_v")
 
@@ -88,7 +96,10 @@ class FedRC(Algorithm):
         return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.removal_threshold)
 
     def after_round(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
-        """Adaptive K (App. F): remove the clusters whose share of γ fell below the threshold."""
+        """Adaptive K (App. F): remove the clusters whose share of γ fell below the threshold; or,
+        with ``reseed_threshold``, re-seed a dead cluster from the largest one."""
+        if self.reseed_threshold is not None:
+            return self._reseed(state, outcome)
         remove = self.clusters_to_remove(state, outcome.train_sizes)
         if remove is None or not bool(remove.any()):
             return []
@@ -100,6 +111,26 @@ class FedRC(Algorithm):
                 f"(share of γ below the threshold); {kept} remain"
             ),
         ]
+
+    def _reseed(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
+        assert self.reseed_threshold is not None
+        split = reseed_split(
+            state.omega,
+            outcome.train_sizes,
+            state.seen,
+            state.active,
+            self.reseed_threshold,
+            self.reseed_seed,
+            outcome.round_index,
+        )
+        if split is None:
+            return []
+        note = Note(
+            f"round {outcome.round_index}: re-seeded cluster {split.target} (share of γ below "
+            f"{self.reseed_threshold}) from cluster {split.source}, splitting its "
+            f"{split.clients.numel()} clients"
+        )
+        return [split, note]
 
     def noise_std(self, client: int) -> float:
         if isinstance(self.label_noise_std, (int, float)):
@@ -205,8 +236,7 @@ def clusters_to_remove(
     (the largest share survives). Returns a [K] bool mask of clusters to remove."""
     if not bool(seen.any()):
         return torch.zeros_like(active)
-    weights = sizes[seen].to(torch.float64)
-    share = (omega[seen].to(torch.float64) * weights.unsqueeze(1)).sum(0) / weights.sum()
+    share = cluster_shares(omega, sizes, seen)
     remove = active & (share < threshold)
     if bool(remove.sum() == active.sum()):
         keep = int(torch.argmax(torch.where(active, share, torch.full_like(share, -1.0))))

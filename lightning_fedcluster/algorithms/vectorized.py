@@ -20,6 +20,7 @@ pairs of a round at once is faster. This module provides the pieces:
 
 Models must be functional: buffers are read only (BatchNorm in training mode is refused), and
 random layers need ``randomness="different"`` (their random streams differ from the loop's).
+A forward that returns a dict or tuple is read through ``select`` (output -> logits).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,7 @@ from lightning_fedcluster.algorithms.mixture import pad_clients, soft_e_step_row
 
 Params = dict[str, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
+Select = Callable[[Any], Tensor]
 
 __all__ = [
     "SGDConfig",
@@ -55,6 +58,10 @@ __all__ = [
 
 def _cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(logits, y, reduction="none")
+
+
+def _identity(output: Any) -> Tensor:
+    return output
 
 
 def functional_template(model: nn.Module) -> nn.Module:
@@ -96,16 +103,18 @@ def cluster_losses(
     *,
     loss_fn: LossFn = _cross_entropy,
     chunk_size: int = 4096,
+    select: Select = _identity,
 ) -> tuple[Tensor | None, Tensor]:
     """One no-grad pass of the K stacked models over ``x`` (any number of clients' samples,
     concatenated), in chunks of ``chunk_size`` samples.
 
-    Returns the per-sample losses [N, K] (None without labels) and the outputs [K, N, ...].
-    Call it with ``template`` in eval mode for the engine's E-step semantics.
+    Returns the per-sample losses [N, K] (None without labels) and the outputs [K, N, ...]
+    (``select`` of the forward's output). Call it with ``template`` in eval mode for the
+    engine's E-step semantics.
     """
 
     def forward(p: Params, b: Params, xb: Tensor) -> Tensor:
-        return functional_call(template, (p, b), (xb,))
+        return select(functional_call(template, (p, b), (xb,)))
 
     batched = vmap(forward, in_dims=(0, 0, None))
     outputs, losses = [], []
@@ -188,6 +197,7 @@ def local_sgd(
     config: SGDConfig,
     *,
     loss_fn: LossFn = _cross_entropy,
+    select: Select = _identity,
     randomness: str = "error",
     proximal: Tensor | None = None,
     anchors: Params | None = None,
@@ -202,6 +212,8 @@ def local_sgd(
     kept from earlier rounds (``optimizer_state="persist"``); with ``return_state`` the final
     momentum buffers and started flags are returned too.
 
+    ``select`` maps the forward's output to logits.
+
     ``proximal`` [C, K, J] with ``anchors`` ({name: [J, ...]}): pair (c, k) also minimises
     Σ_j (proximal[c,k,j]/2)·‖θ_ck − anchors_j‖² (FedProx), whose gradient is added exactly.
     """
@@ -209,7 +221,7 @@ def local_sgd(
         raise ValueError("give proximal coefficients and anchors together")
 
     def pair_loss(p: Params, b: Params, x: Tensor, y: Tensor, w: Tensor, divisor: Tensor) -> Tensor:
-        out = functional_call(template, (p, b), (x,))
+        out = select(functional_call(template, (p, b), (x,)))
         return (w * loss_fn(out, y)).sum() / divisor
 
     # Inner map: the K clusters of one client (same samples, own weights column); outer: clients.

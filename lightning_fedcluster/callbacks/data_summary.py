@@ -1,21 +1,19 @@
-"""DataSummary: at fit start, log the scenario (per-client label mix, client types) to TensorBoard
-as a figure and as a text table."""
+"""DataSummary: at fit start, log the scenario (per-client label mix, split sizes, client types) as
+a figure and as a text table, to the loggers that take them (TensorBoard)."""
 
 from __future__ import annotations
 
-import warnings
-
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import TensorBoardLogger
 
+from lightning_fedcluster.callbacks.image_logging import experiments_with, log_figure
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
 from lightning_fedcluster.datamodules.summary import format_summary, summary_figure
 
 
 class DataSummary(pl.Callback):
     """Logs `summary_figure` (tag "data/summary") and `format_summary` (tag "data/summary_table")
-    once at fit start, to every TensorBoard logger (other loggers are skipped). Without
-    matplotlib only the table is logged, with a warning.
+    once at fit start, at step 0, to every logger whose experiment has ``add_image`` /
+    ``add_text`` (TensorBoard); other loggers are skipped.
 
     Args:
         print_table: also print the table to stdout (rank 0).
@@ -36,15 +34,6 @@ class DataSummary(pl.Callback):
         table = format_summary(dm, self.max_rows)
         if self.print_table:
             print(table, flush=True)
-        loggers = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
-        if not loggers:
-            return
-        try:
-            figure = summary_figure(dm)
-        except ImportError as error:
-            warnings.warn(f"DataSummary logs the table only: {error}", stacklevel=2)
-            figure = None
-        for logger in loggers:
-            if figure is not None:
-                logger.experiment.add_figure("data/summary", figure, global_step=0, close=False)
-            logger.experiment.add_text("data/summary_table", "```\n" + table + "\n```", global_step=0)
+        log_figure(trainer, "data/summary", lambda: summary_figure(dm), step=0)
+        for experiment in experiments_with(trainer, "add_text"):
+            experiment.add_text("data/summary_table", "```\n" + table + "\n```", global_step=0)

@@ -21,6 +21,18 @@ class ScenarioBuilders:
     """``FederatedDataModule.from_tensors`` and ``FederatedDataModule.from_partition``."""
 
     @classmethod
+    def _construct(
+        cls, arguments: dict[str, Any], batch_size: int, val_share: float, adapt_fraction: float, seed: int
+    ) -> FederatedDataModule:
+        """The datamodule holding built clients ``arguments``. Subclasses with their own constructor
+        (e.g. DigitsFederated) cannot take these arguments: they get a FederatedDataModule."""
+        from lightning_fedcluster.datamodules.federated import FederatedDataModule
+
+        target = cls if cls.__init__ is FederatedDataModule.__init__ else FederatedDataModule
+        options = dict(batch_size=batch_size, val_share=val_share, adapt_fraction=adapt_fraction, seed=seed)
+        return target(**arguments, **options)
+
+    @classmethod
     def from_tensors(
         cls,
         x: Tensor,
@@ -42,8 +54,10 @@ class ScenarioBuilders:
         corruptions: Sequence[str] | None = None,
         val_share: float = 0.5,
         adapt_fraction: float = 0.4,
+        preset: str | None = None,
     ) -> FederatedDataModule:
-        """Build the FedRC scenario from labelled tensors; see `build_scenario` for the steps.
+        """Build the FedRC scenario from labelled tensors; see `build_scenario` for the steps
+        (`preset="authors"`: the client mix of the FedRC authors' scripts).
 
         Each client's `test_fraction` of held-out rows is then split into validation
         (`val_share`) and test, and every global client into validation/test x adapt/score
@@ -65,13 +79,9 @@ class ScenarioBuilders:
             seed=seed,
             global_test=global_test,
             corruptions=corruptions,
+            preset=preset,
         )
-        # Subclasses with their own constructor (e.g. DigitsFederated) cannot take these arguments.
-        from lightning_fedcluster.datamodules.federated import FederatedDataModule
-
-        target = cls if cls.__init__ is FederatedDataModule.__init__ else FederatedDataModule
-        options = dict(batch_size=batch_size, val_share=val_share, adapt_fraction=adapt_fraction, seed=seed)
-        return target(**arguments, **options)
+        return cls._construct(arguments, batch_size, val_share, adapt_fraction, seed)
 
     @classmethod
     def from_partition(
@@ -112,8 +122,4 @@ class ScenarioBuilders:
             num_classes=num_classes,
             seed=seed,
         )
-        from lightning_fedcluster.datamodules.federated import FederatedDataModule
-
-        target = cls if cls.__init__ is FederatedDataModule.__init__ else FederatedDataModule
-        options = dict(batch_size=batch_size, val_share=val_share, adapt_fraction=adapt_fraction, seed=seed)
-        return target(**arguments, **options)
+        return cls._construct(arguments, batch_size, val_share, adapt_fraction, seed)

@@ -1,6 +1,7 @@
 """The rest of the FashionMNIST-C / CIFAR-10-C corruption families, beyond the default pool.
 
-Speckle noise, motion/defocus/glass/zoom blur, fog, inverse, and the kinds built on torchvision
+Speckle noise, motion/defocus/glass/zoom blur, fog, inverse, the FedRC authors' severity-free
+`identity` and `stripe` (`SEVERITY_FREE`), and the kinds built on torchvision
 (`TORCHVISION_CORRUPTIONS`: saturation, JPEG, elastic transform), which import it when first
 applied (the `vision` extra). Same signature as the default pool; severity parameters again
 grow the mean absolute change.
@@ -23,7 +24,7 @@ from lightning_fedcluster.datamodules.corruptions_default import (
     warp,
 )
 
-__all__ = ["EXTRA_FUNCTIONS", "EXTRA_PARAMS", "TORCHVISION_CORRUPTIONS"]
+__all__ = ["EXTRA_FUNCTIONS", "EXTRA_PARAMS", "SEVERITY_FREE", "TORCHVISION_CORRUPTIONS"]
 
 EXTRA_PARAMS: dict[str, tuple[float, ...]] = {
     "speckle_noise": (0.1, 0.18, 0.26, 0.36, 0.5),  # multiplicative noise std
@@ -36,7 +37,14 @@ EXTRA_PARAMS: dict[str, tuple[float, ...]] = {
     "saturate": (1.5, 2.0, 3.0, 4.5, 6.0),  # saturation factor (colour images)
     "jpeg_compression": (80.0, 65.0, 58.0, 50.0, 40.0),  # JPEG quality
     "elastic_transform": (0.01, 0.02, 0.03, 0.045, 0.06),  # displacement std, share of size
+    "identity": (0.0,) * 5,  # severity-free (see SEVERITY_FREE)
+    "stripe": (0.0,) * 5,
 }
+
+SEVERITY_FREE: tuple[str, ...] = ("identity", "stripe")
+"""Kinds of the FedRC authors' FashionMNIST-C pool whose severity changes nothing: `identity`
+(a "corrupted" client left clean) and `stripe` (the outer quarter of columns on each side
+inverted)."""
 
 
 def _speckle_noise(x: Tensor, std: float, g: torch.Generator) -> Tensor:
@@ -108,6 +116,19 @@ def _inverse(x: Tensor, weight: float, g: torch.Generator) -> Tensor:
     return (1 - weight) * x + weight * (1 - x)
 
 
+def _identity(x: Tensor, unused: float, g: torch.Generator) -> Tensor:
+    return x.clone()
+
+
+def _stripe(x: Tensor, unused: float, g: torch.Generator) -> Tensor:
+    width = x.shape[-1]
+    edge = width // 4  # the authors invert columns [0, 7) and [21, 28) of 28
+    out = x.clone()
+    out[..., :edge] = 1 - out[..., :edge]
+    out[..., width - edge :] = 1 - out[..., width - edge :]
+    return out
+
+
 def _torchvision(kind: str):  # type: ignore[no-untyped-def]
     """torchvision, with `io` and `transforms.v2.functional` loaded (submodules load lazily)."""
     try:
@@ -158,6 +179,7 @@ def _elastic_transform(x: Tensor, std: float, g: torch.Generator) -> Tensor:
     field = field.permute(0, 2, 3, 1)
     return torch.cat([functional.elastic(x[i : i + 1], field[i : i + 1]) for i in range(n)])
 
+
 EXTRA_FUNCTIONS: dict[str, Callable[[Tensor, float, torch.Generator], Tensor]] = {
     "speckle_noise": _speckle_noise,
     "motion_blur": _motion_blur,
@@ -169,6 +191,8 @@ EXTRA_FUNCTIONS: dict[str, Callable[[Tensor, float, torch.Generator], Tensor]] =
     "saturate": _saturate,
     "jpeg_compression": _jpeg_compression,
     "elastic_transform": _elastic_transform,
+    "identity": _identity,
+    "stripe": _stripe,
 }
 
 TORCHVISION_CORRUPTIONS: tuple[str, ...] = ("saturate", "jpeg_compression", "elastic_transform")

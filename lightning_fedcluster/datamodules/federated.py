@@ -319,3 +319,10 @@ class FederatedDataModule(ScenarioBuilders, pl.LightningDataModule):
         from lightning_fedcluster.datamodules.loaders import evaluation_dataloader
 
         return evaluation_dataloader(self, "test")
+
+    def predict_dataloader(self):
+        """``trainer.predict`` reads the rows ``trainer.test`` scores: the participating clients'
+        test rows, then each global client's test score rows (``lightning_fedcluster.prediction``)."""
+        from lightning_fedcluster.datamodules.loaders import evaluation_dataloader
+
+        return evaluation_dataloader(self, "test")

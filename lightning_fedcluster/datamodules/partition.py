@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from lightning_fedcluster.datamodules.partition_counts import (
     assign_client_types,
+    authors_client_types,
     corrupted_count,
     held_out_count,
     largest_remainder,
@@ -33,6 +34,7 @@ from lightning_fedcluster.datamodules.partition_label_skew import (
     dirichlet_split,
     iid_split,
     n_class_split,
+    prior_dirichlet_split,
 )
 from lightning_fedcluster.datamodules.partition_mixture import (
     MIXTURE_PATTERNS,
@@ -44,6 +46,7 @@ from lightning_fedcluster.datamodules.partition_mixture import (
 __all__ = [
     "MIXTURE_PATTERNS",
     "assign_client_types",
+    "authors_client_types",
     "cluster_dirichlet_split",
     "cluster_n_class_split",
     "corrupted_count",
@@ -58,6 +61,7 @@ __all__ = [
     "mixture_weights",
     "n_class_split",
     "natural_split",
+    "prior_dirichlet_split",
     "stratified_split",
     "stratified_subset",
     "train_test_split",

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["assign_client_types", "corrupted_count", "held_out_count", "largest_remainder"]
+__all__ = [
+    "assign_client_types",
+    "authors_client_types",
+    "corrupted_count",
+    "held_out_count",
+    "largest_remainder",
+]
 
 
 def largest_remainder(proportions: Sequence[float], total: int) -> np.ndarray:
@@ -70,3 +76,27 @@ def corrupted_count(num_clients: int, fraction: float) -> int:
     if num_clients == 0:
         return 0
     return int(largest_remainder([1.0 - fraction, fraction], num_clients)[1])
+
+
+def authors_client_types(num_clients: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The FedRC authors' client mix (their make_fmnist_c.py / make_cifar_c.py), three concepts.
+
+    With a = int(0.2 M) and b = int(0.1 M), a random order of the M clients is dealt out as: a
+    clients concept 0 corrupted; 2a clients alternately concept 1 and 2, clean; 2b clients
+    alternately concept 1 and 2, corrupted; the rest concept 0, clean. For M = 300: concepts
+    120 / 90 / 90 (40 / 30 / 30 %), of which 60 / 30 / 30 corrupted. Returns (concept int64 [M],
+    corrupted bool [M]).
+    """
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
+    a, b = int(0.2 * num_clients), int(0.1 * num_clients)  # 3a + 2b <= 0.8 M: the rest is clean
+    alternate = np.arange(2 * a) % 2 + 1
+    rest = num_clients - 3 * a - 2 * b
+    concept = np.concatenate([np.zeros(a), alternate, np.arange(2 * b) % 2 + 1, np.zeros(rest)])
+    corrupted = np.concatenate([np.ones(a), np.zeros(2 * a), np.ones(2 * b), np.zeros(rest)])
+    order = rng.permutation(num_clients)  # order[j]: the client that takes the j-th slot
+    out_concept = np.empty(num_clients, dtype=np.int64)
+    out_corrupted = np.empty(num_clients, dtype=bool)
+    out_concept[order] = concept
+    out_corrupted[order] = corrupted.astype(bool)
+    return out_concept, out_corrupted

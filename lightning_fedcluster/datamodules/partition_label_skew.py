@@ -20,6 +20,7 @@ __all__ = [
     "dirichlet_split",
     "iid_split",
     "n_class_split",
+    "prior_dirichlet_split",
 ]
 
 
@@ -79,6 +80,71 @@ def dirichlet_split(
         "clients); use fewer clients (num_clients), a larger dirichlet_alpha or a smaller "
         "min_client_size"
     )
+
+
+def prior_dirichlet_split(
+    labels: np.ndarray,
+    num_clients: int,
+    concentration: float,
+    rng: np.random.Generator,
+    *,
+    size: int | None = None,
+) -> list[np.ndarray]:
+    """The FedRC authors' label skew: clients filled one after another, each with `size` rows.
+
+    Client i draws class shares q ~ Dir(concentration * p), p being the class frequencies of
+    the rows still unassigned, then each of its rows' class from q (renormalised over the classes
+    that still have rows) and a random unassigned row of that class, without replacement. So
+    `concentration` is the Dirichlet's total mass (the authors use 1.0), not a per-class alpha as
+    in `dirichlet_split`. `size` defaults to len(labels) // num_clients; the remainder is unused.
+    """
+    labels = labels_arg(labels)
+    num_clients = count_arg("num_clients", num_clients)
+    if isinstance(concentration, bool) or not np.isfinite(concentration) or not concentration > 0:
+        raise ValueError(f"concentration must be a positive number, got {concentration!r}")
+    size = labels.size // num_clients if size is None else count_arg("size", size)
+    if size == 0 or num_clients * size > labels.size:
+        raise ValueError(
+            f"num_clients * size = {num_clients} * {size} rows are needed but labels has {labels.size}; "
+            "use fewer clients or a smaller size"
+        )
+    classes = np.unique(labels)
+    remaining = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    parts = []
+    for _ in range(num_clients):
+        left = np.array([members.size for members in remaining])
+        counts = _prior_dirichlet_counts(left, concentration, size, rng)
+        rows = []
+        for k, n in enumerate(counts):
+            rows.append(remaining[k][:n])
+            remaining[k] = remaining[k][n:]
+        parts.append(np.sort(np.concatenate(rows)))
+    return parts
+
+
+def _prior_dirichlet_counts(
+    left: np.ndarray, concentration: float, size: int, rng: np.random.Generator
+) -> np.ndarray:
+    """How many rows of each class one client takes: `size` class draws from q, a class leaving
+    the draw once its rows run out (equal in law to drawing row after row and skipping empty
+    classes)."""
+    alive = left > 0
+    q = np.zeros(left.size)
+    while True:
+        q[alive] = rng.dirichlet(concentration * left[alive] / left.sum())
+        if np.isfinite(q).all() and q.sum() > 0:
+            break
+    counts = np.zeros(left.size, dtype=np.int64)
+    missing = size
+    while missing:
+        open_ = (counts < left) & (q > 0)
+        if not open_.any():  # the classes q favours are used up: the rest spread by frequency
+            q = np.where(counts < left, left - counts, 0).astype(float)
+            continue
+        counts += rng.multinomial(missing, np.where(open_, q, 0) / q[open_].sum())
+        counts = np.minimum(counts, left)
+        missing = size - int(counts.sum())
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------

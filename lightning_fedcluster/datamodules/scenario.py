@@ -20,6 +20,8 @@ from lightning_fedcluster.datamodules import partition
 from lightning_fedcluster.datamodules.metadata import ClientMetadata
 from lightning_fedcluster.datamodules.shifts import (
     ALL_CORRUPTIONS,
+    AUTHORS_CIFAR10_C,
+    AUTHORS_FASHION_MNIST_C,
     CORRUPTIONS,
     corrupt,
     label_map,
@@ -53,6 +55,7 @@ def build_scenario(
     seed: int = 0,
     global_test: tuple[Tensor, Tensor] | None = None,
     corruptions: Sequence[str] | None = None,
+    preset: str | None = None,
 ) -> dict[str, Any]:
     """Construct the FedRC scenario and return `FederatedDataModule` constructor arguments.
 
@@ -68,6 +71,13 @@ def build_scenario(
     paper uses the datasets' official test sets), and then all of (x, y) goes to the clients.
     `corruptions` is the pool of corruption kinds drawn from (default `shifts.CORRUPTIONS`; e.g.
     `shifts.FASHION_MNIST_C` or `shifts.CIFAR10_C`).
+    `preset="authors"` builds the client mix of the FedRC authors' scripts instead
+    (create_c/make_fmnist_c.py, make_cifar_c.py): `partition.prior_dirichlet_split` gives every
+    client pool_size // num_clients rows with class shares ~ Dir(dirichlet_alpha * p), and
+    `partition.authors_client_types` the 40 / 30 / 30 % concepts with 50 / 33 / 33 % of them
+    corrupted; it needs concepts=3 and leaves concept_proportions and corrupt_fraction unset.
+    Its default pool is the authors' (`shifts.AUTHORS_FASHION_MNIST_C` for one channel, else
+    `shifts.AUTHORS_CIFAR10_C`).
     Returns a dict with client_train, client_test, global_test, num_classes and metadata.
     `client_test[i]` holds client i's `test_fraction` of held-out rows; the datamodule built from
     the dict splits them into validation and test and each global client into validation/test x
@@ -92,6 +102,10 @@ def build_scenario(
         global_test_fraction = 0.0
     elif global_test_fraction is None:
         global_test_fraction = 0.2
+    authors = _preset_arg(preset, concepts, dirichlet_alpha, concept_proportions, corrupt_fraction)
+    if authors and corruptions is None:
+        channels = image_shape[0] if image_shape is not None else (x.shape[1] if x.ndim == 4 else 1)
+        corruptions = AUTHORS_FASHION_MNIST_C if channels == 1 else AUTHORS_CIFAR10_C
     pool_of_kinds = _corruptions_arg(corruptions)
     num_clients = int_arg("num_clients", num_clients, 1)
     concepts = int_arg("concepts", concepts, 1)
@@ -150,6 +164,8 @@ def build_scenario(
     num_corrupted = sum(
         partition.corrupted_count(int(n), f) for n, f in zip(concept_counts, fractions, strict=True)
     )
+    if authors:
+        num_corrupted = int(0.2 * num_clients) + 2 * int(0.1 * num_clients)
     shape = _image_shape_arg(image_shape, x, needed=num_corrupted > 0)
     if num_corrupted and (x.min() < 0 or x.max() > 1):
         raise ValueError(
@@ -161,13 +177,17 @@ def build_scenario(
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)
     )
     pool, held = partition.stratified_split(labels, global_test_fraction, split_rng)
-    if dirichlet_alpha is None:
+    if authors:
+        parts = partition.prior_dirichlet_split(labels[pool], num_clients, float(dirichlet_alpha), part_rng)
+        concept, corrupted = partition.authors_client_types(num_clients, type_rng)
+    elif dirichlet_alpha is None:
         parts = partition.iid_split(pool.size, num_clients, part_rng)
     else:
         parts = partition.dirichlet_split(
             labels[pool], num_clients, float(dirichlet_alpha), part_rng, min_size=min_client_size
         )
-    concept, corrupted = partition.assign_client_types(num_clients, proportions, fractions, type_rng)
+    if not authors:
+        concept, corrupted = partition.assign_client_types(num_clients, proportions, fractions, type_rng)
     maps = [label_map(c, num_classes) for c in range(concepts)]
 
     client_train: list[Split] = []
@@ -215,6 +235,34 @@ def build_scenario(
 
 # ---------------------------------------------------------------------------------------------
 # Argument checks of build_scenario.
+
+
+def _preset_arg(
+    preset: str | None,
+    concepts: int,
+    dirichlet_alpha: float | None,
+    concept_proportions: Sequence[float] | None,
+    corrupt_fraction: float | Sequence[float] | None,
+) -> bool:
+    """True for preset="authors" after checking that nothing given contradicts it."""
+    if preset is None:
+        return False
+    if preset != "authors":
+        raise ValueError(f"preset must be None or 'authors', got {preset!r}")
+    if concepts != 3:
+        raise ValueError(f"preset='authors' has three concepts; got concepts={concepts!r}, pass concepts=3")
+    fixed = (("concept_proportions", concept_proportions), ("corrupt_fraction", corrupt_fraction))
+    given = [name for name, value in fixed if value is not None]
+    if given:
+        raise ValueError(
+            f"preset='authors' fixes the client types, so {' and '.join(given)} must be left unset (None)"
+        )
+    if dirichlet_alpha is None:
+        raise ValueError(
+            "preset='authors' draws label shares from Dir(dirichlet_alpha * p); pass a positive "
+            "dirichlet_alpha (the authors use 1.0), not None"
+        )
+    return True
 
 
 def _corruptions_arg(value: Sequence[str] | None) -> tuple[str, ...]:

@@ -26,15 +26,19 @@ from lightning_fedcluster.datamodules.corruptions_default import (
 from lightning_fedcluster.datamodules.corruptions_extra import (
     EXTRA_FUNCTIONS,
     EXTRA_PARAMS,
+    SEVERITY_FREE,
     TORCHVISION_CORRUPTIONS,
 )
 from lightning_fedcluster.datamodules.label_maps import label_map, max_concepts
 
 __all__ = [
     "ALL_CORRUPTIONS",
+    "AUTHORS_CIFAR10_C",
+    "AUTHORS_FASHION_MNIST_C",
     "CIFAR10_C",
     "CORRUPTIONS",
     "FASHION_MNIST_C",
+    "SEVERITY_FREE",
     "TORCHVISION_CORRUPTIONS",
     "corrupt",
     "label_map",
@@ -82,6 +86,16 @@ CIFAR10_C: tuple[str, ...] = (
 )
 """The CIFAR-10-C family for colour images (its snow, frost and spatter, which need texture
 images or particle simulation, are left out). Needs torchvision for three kinds."""
+
+
+AUTHORS_FASHION_MNIST_C: tuple[str, ...] = ("identity", *FASHION_MNIST_C[:8], "translate", "stripe")
+"""The FedRC authors' FashionMNIST-C pool (create_c/make_fmnist_c.py: 15 kinds drawn uniformly,
+`identity` among them) less the four this library does not implement: spatter, dotted_line,
+zigzag and canny_edges. Pure torch."""
+
+AUTHORS_CIFAR10_C: tuple[str, ...] = CIFAR10_C
+"""The FedRC authors' CIFAR-10-C pool (create_c/make_cifar_c.py: the 19 CIFAR-10-C kinds) less
+snow, frost and spatter: the 16 kinds of `CIFAR10_C`."""
 
 
 def corrupt(images: Tensor, kind: str, severity: int, generator: torch.Generator) -> Tensor:

@@ -136,74 +136,35 @@ def format_summary(dm: FederatedDataModule, max_rows: int | None = 50) -> str:
 
 
 def summary_figure(dm: FederatedDataModule) -> Any:
-    """A matplotlib Figure: per-client label shares (or target spread) as stacked bars with the
-    clients ordered by concept, client sizes, and the concept × feature-kind client counts."""
+    """A matplotlib Figure (`lightning_fedcluster.figures.data_summary_figure`): per-client label
+    shares (or target spread) and split sizes with the clients sorted by concept, and the
+    concept × input-style client counts."""
     dm = _check(dm)
     try:
-        from matplotlib.figure import Figure
+        from lightning_fedcluster.figures import data_summary_figure
     except ImportError as error:
         raise ImportError(
             "summary_figure draws with matplotlib, which is not installed: pip install matplotlib "
             "(format_summary gives the same information as text)"
         ) from error
 
-    order = torch.argsort(dm.metadata.concept, stable=True).tolist()
-    sizes = (dm.train_sizes + dm.val_sizes + dm.test_sizes)[order].tolist()
-    fig = Figure(figsize=(12, 4.5), layout="constrained")
-    left, middle, right = fig.subplots(1, 3, width_ratios=[3, 1.5, 1.5])
-    positions = list(range(len(order)))
+    shares = targets = None
     if dm.task == "classification":
-        shares = label_counts(dm).double()
-        shares = (shares / shares.sum(dim=1, keepdim=True).clamp_min(1))[order]
-        bottom = torch.zeros(len(order), dtype=torch.float64)
-        colours = _colours(dm.num_classes or 1)
-        for c in range(shares.shape[1]):
-            left.bar(
-                positions,
-                shares[:, c].tolist(),
-                bottom=bottom.tolist(),
-                width=1.0,
-                color=colours[c],
-                label=str(c) if shares.shape[1] <= 20 else None,
-            )
-            bottom += shares[:, c]
-        left.set_ylabel("label share")
-        if shares.shape[1] <= 20:
-            left.legend(title="label", fontsize=6, ncols=1, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        counts = label_counts(dm).double()
+        shares = counts / counts.sum(dim=1, keepdim=True).clamp_min(1)
     else:
         rows = client_rows(dm)
-        means = [rows[i]["target_mean"] for i in order]
-        stds = [rows[i]["target_std"] for i in order]
-        left.errorbar(positions, means, yerr=stds, fmt="o", markersize=2)
-        left.set_ylabel("target mean ± std")
-    concepts = dm.metadata.concept[order].tolist()
-    for p in range(1, len(order)):
-        if concepts[p] != concepts[p - 1]:
-            left.axvline(p - 0.5, color="black", linewidth=1)
-    left.set_xlabel("client (ordered by concept)")
-    left.set_title("per-client label distribution")
-    middle.bar(positions, sizes, width=1.0, color="grey")
-    middle.set_xlabel("client (ordered by concept)")
-    middle.set_title("samples per client")
-    counts = client_type_counts(dm)
-    concept_ids = sorted({c for c, _ in counts})
-    kinds = sorted({k for _, k in counts}, key=lambda k: (k != "clean", k))
-    grid = [[counts.get((c, k), 0) for k in kinds] for c in concept_ids]
-    right.imshow(grid, cmap="Blues", aspect="auto")
-    right.set_xticks(range(len(kinds)), kinds, rotation=60, ha="right", fontsize=7)
-    right.set_yticks(range(len(concept_ids)), [f"concept {c}" for c in concept_ids], fontsize=7)
-    top = max(max(line) for line in grid)
-    for r, line in enumerate(grid):
-        for k, value in enumerate(line):
-            if value:
-                colour = "white" if value > top / 2 else "black"
-                right.text(k, r, str(value), ha="center", va="center", fontsize=7, color=colour)
-    right.set_title("client types")
-    return fig
-
-
-def _colours(n: int) -> list[Any]:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab20" if n > 10 else "tab10"]
-    return [cmap(i % cmap.N) for i in range(n)]
+        targets = torch.tensor([[row["target_mean"], row["target_std"]] for row in rows])
+    concepts = int(dm.metadata.concept.max()) + 1 if dm.num_clients else 0
+    title = f"Data: {dm.num_clients} clients, {concepts} concepts"
+    if dm.num_classes is not None:
+        title += f", {dm.num_classes} classes"
+    title += f"; {dm.num_global_clients} global test clients"
+    return data_summary_figure(
+        dm.metadata.concept,
+        torch.stack([dm.train_sizes, dm.val_sizes, dm.test_sizes], dim=1),
+        client_type_counts(dm),
+        label_shares=shares,
+        targets=targets,
+        title=title,
+    )

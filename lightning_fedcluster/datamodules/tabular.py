@@ -88,8 +88,12 @@ class CSVFederated(FederatedDataModule):
             dirichlet_alpha are then unused); default: Dirichlet label skew.
         time_column: orders the rows (numbers, or strings that sort in time order such as ISO
             dates); the ordered rows are cut into `num_segments` consecutive, equal-size
-            segments, segment s being concept s.
+            segments, segment s being concept s. Without it the file's row order is the time
+            order (as in the standard Electricity file).
         num_segments: concepts along the time column (1 = no drift).
+        drift_rows: instead of equal segments, the positions in time order where a new concept
+            starts, e.g. [26640] for Electricity's drift as Tahmasbi et al. (2021) place it
+            (batch 20 of 34 batches of 1332 rows); works with or without a time_column.
         num_clients: clients of the Dirichlet split, shared among segments in proportion to
             their size (each client's rows come from one segment unless `mix_segments`).
         dirichlet_alpha: label skew (None: IID; must be None for regression). Every client first
@@ -115,6 +119,7 @@ class CSVFederated(FederatedDataModule):
         client_column: str | None = None,
         time_column: str | None = None,
         num_segments: int = 1,
+        drift_rows: Sequence[int] | None = None,
         num_clients: int = 30,
         dirichlet_alpha: float | None = 0.1,
         mix_segments: bool = False,
@@ -137,6 +142,7 @@ class CSVFederated(FederatedDataModule):
             client_column=client_column,
             time_column=time_column,
             num_segments=num_segments,
+            drift_rows=drift_rows,
             num_clients=num_clients,
             dirichlet_alpha=dirichlet_alpha,
             mix_segments=mix_segments,
@@ -171,6 +177,7 @@ def _build_csv(
     client_column: str | None,
     time_column: str | None,
     num_segments: int,
+    drift_rows: Sequence[int] | None,
     num_clients: int,
     dirichlet_alpha: float | None,
     mix_segments: bool,
@@ -198,6 +205,14 @@ def _build_csv(
             raise ValueError(f"dirichlet_alpha must be a positive number or None, got {dirichlet_alpha!r}")
     if num_segments > 1 and time_column is None:
         raise ValueError(f"num_segments={num_segments} needs a time_column to order the rows by")
+    if drift_rows is not None:
+        if num_segments != 1:
+            raise ValueError("give either num_segments (equal segments) or drift_rows (where concepts start)")
+        if isinstance(drift_rows, (str, bytes)) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in drift_rows
+        ):
+            raise ValueError(f"drift_rows must be a list of row positions (integers), got {drift_rows!r}")
+        num_segments = len(drift_rows) + 1
 
     columns = read_csv(path)
     for role, name in (
@@ -238,14 +253,7 @@ def _build_csv(
         y_np = _numeric(label_column, columns[label_column])
         y = torch.from_numpy(y_np).to(torch.float32)
 
-    # Segments along time: consecutive equal-size chunks of the time order.
-    segment = np.zeros(n, dtype=np.int64)
-    if time_column is not None:
-        order = np.argsort(_sort_key(columns[time_column]), kind="stable")
-        if num_segments > n:
-            raise ValueError(f"num_segments={num_segments} exceeds the {n} rows")
-        for s, rows in enumerate(np.array_split(order, num_segments)):
-            segment[rows] = s
+    segment = _segments(n, columns[time_column] if time_column else None, num_segments, drift_rows)
 
     hold_seq, part_seq, client_seq = np.random.SeedSequence(seed).spawn(3)
     hold_rng, part_rng = np.random.default_rng(hold_seq), np.random.default_rng(part_seq)
@@ -346,6 +354,29 @@ def _build_csv(
             arguments[key] = [((xi - mean) / std, yi) for xi, yi in arguments[key]]
     info = {"classes": classes, "feature_columns": feature_columns, "mean": mean, "std": std}
     return arguments, info
+
+
+def _segments(
+    n: int, time: np.ndarray | None, num_segments: int, drift_rows: Sequence[int] | None
+) -> np.ndarray:
+    """Each row's concept: consecutive chunks of the time order (the file order without a time
+    column), cut into equal sizes or where `drift_rows` says a new concept starts."""
+    order = np.arange(n) if time is None else np.argsort(_sort_key(time), kind="stable")
+    if drift_rows is None:
+        if num_segments > n:
+            raise ValueError(f"num_segments={num_segments} exceeds the {n} rows")
+        chunks = np.array_split(order, num_segments)
+    else:
+        bounds = list(drift_rows)
+        if bounds != sorted(set(bounds)) or not all(0 < r < n for r in bounds):
+            raise ValueError(
+                f"drift_rows must increase strictly and lie in (0, {n}) (the table's rows), got {bounds}"
+            )
+        chunks = np.split(order, bounds)
+    segment = np.empty(n, dtype=np.int64)
+    for s, rows in enumerate(chunks):
+        segment[rows] = s
+    return segment
 
 
 def _encode(raw: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -95,6 +95,7 @@ def _build(
     min_client_size: int,
     corruptions: Sequence[str] | None,
     seed: int,
+    preset: str | None = None,
 ) -> dict[str, Any]:
     """Load, subsample, replicate, then hand everything to `build_scenario`."""
     num_clients = int_arg("num_clients", num_clients, 1)
@@ -127,6 +128,8 @@ def _build(
     if copies > 1:  # the paper triples CIFAR for MobileNetV2 so 300 clients have enough data
         x, y = x.repeat(copies, 1, 1, 1), y.repeat(copies)
     family = FASHION_MNIST_C if x.shape[1] == 1 else CIFAR10_C
+    if preset is not None:  # build_scenario picks the authors' pool
+        family = None
     return build_scenario(
         x,
         y,
@@ -141,7 +144,19 @@ def _build(
         seed=seed,
         global_test=(test_x, test_y),
         corruptions=family if corruptions is None else corruptions,
+        preset=preset,
     )
+
+
+def _preset_defaults(
+    preset: str | None, test_fraction: float | None, adapt_fraction: float | None
+) -> tuple[float, float]:
+    """test_fraction and adapt_fraction left as None: the authors' 0.1 and 0.9 under
+    preset="authors" (their loader splits every client, global ones too, 90 / 10), else 0.2 and 0.4."""
+    authors = preset == "authors"
+    test = (0.1 if authors else 0.2) if test_fraction is None else test_fraction
+    adapt = (0.9 if authors else 0.4) if adapt_fraction is None else adapt_fraction
+    return test, adapt
 
 
 class FashionMNISTFederated(FederatedDataModule):
@@ -159,6 +174,11 @@ class FashionMNISTFederated(FederatedDataModule):
         val_share, adapt_fraction: the evaluation splits (validation/test of each client's
             held-out rows, validation/test x adapt/score of the global clients), as in
             `FederatedDataModule`.
+        preset: "authors" builds the client mix of the FedRC authors' make_fmnist_c.py (see
+            `build_scenario`): every client 60000 // num_clients images with class shares
+            ~ Dir(dirichlet_alpha * p), 40 / 30 / 30 % concepts with 50 / 33 / 33 % corrupted,
+            their corruption pool; test_fraction then defaults to 0.1 and adapt_fraction to 0.9
+            (their loader's 90 / 10 splits), else to 0.2 and 0.4.
     """
 
     def __init__(
@@ -172,15 +192,17 @@ class FashionMNISTFederated(FederatedDataModule):
         concept_proportions: Sequence[float] | None = None,
         samples_per_client: int | None = None,
         global_test_size: int | None = None,
-        test_fraction: float = 0.2,
+        test_fraction: float | None = None,
         min_client_size: int = 2,
         corruptions: Sequence[str] | None = None,
         batch_size: int = 128,
         seed: int = 0,
         val_share: float = 0.5,
-        adapt_fraction: float = 0.4,
+        adapt_fraction: float | None = None,
+        preset: str | None = None,
     ) -> None:
         check_batch_size(batch_size)
+        test_fraction, adapt_fraction = _preset_defaults(preset, test_fraction, adapt_fraction)
         arguments = _build(
             "fashion_mnist",
             root=root,
@@ -197,6 +219,7 @@ class FashionMNISTFederated(FederatedDataModule):
             min_client_size=min_client_size,
             corruptions=corruptions,
             seed=seed,
+            preset=preset,
         )
         super().__init__(
             **arguments, batch_size=batch_size, val_share=val_share, adapt_fraction=adapt_fraction, seed=seed
@@ -209,8 +232,10 @@ class CIFAR10Federated(FederatedDataModule):
     training set for MobileNetV2; 100 clients, one copy, for ResNet-18).
 
     Args are those of `FashionMNISTFederated` plus `copies` (how many times the training
-    images are repeated before partitioning); `root` holds `cifar-10-batches-py/`, and
-    `corruptions` defaults to `shifts.CIFAR10_C` (three of its kinds need torchvision).
+    images are repeated before partitioning; default 1, or 3 under preset="authors" as their
+    make_cifar_c.py does, so 500 images per client at 300 clients); `root` holds
+    `cifar-10-batches-py/`, and `corruptions` defaults to `shifts.CIFAR10_C` (three of its kinds
+    need torchvision).
     """
 
     _name = "cifar10"
@@ -226,16 +251,18 @@ class CIFAR10Federated(FederatedDataModule):
         concept_proportions: Sequence[float] | None = None,
         samples_per_client: int | None = None,
         global_test_size: int | None = None,
-        copies: int = 1,
-        test_fraction: float = 0.2,
+        copies: int | None = None,
+        test_fraction: float | None = None,
         min_client_size: int = 2,
         corruptions: Sequence[str] | None = None,
         batch_size: int = 128,
         seed: int = 0,
         val_share: float = 0.5,
-        adapt_fraction: float = 0.4,
+        adapt_fraction: float | None = None,
+        preset: str | None = None,
     ) -> None:
         check_batch_size(batch_size)
+        test_fraction, adapt_fraction = _preset_defaults(preset, test_fraction, adapt_fraction)
         arguments = _build(
             self._name,
             root=root,
@@ -247,11 +274,12 @@ class CIFAR10Federated(FederatedDataModule):
             concept_proportions=concept_proportions,
             samples_per_client=samples_per_client,
             global_test_size=global_test_size,
-            copies=copies,
+            copies=(3 if preset == "authors" else 1) if copies is None else copies,
             test_fraction=test_fraction,
             min_client_size=min_client_size,
             corruptions=corruptions,
             seed=seed,
+            preset=preset,
         )
         super().__init__(
             **arguments, batch_size=batch_size, val_share=val_share, adapt_fraction=adapt_fraction, seed=seed

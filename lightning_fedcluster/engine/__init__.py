@@ -2,6 +2,7 @@
 Cluster copies (``copies``), losses and the no-grad pass (``losses``), the client contract
 (``client``), a round's accumulators (``round``), the server step (``server``), per-client
 vectors and personal models (``vectors``), persistent local-optimizer state
-(``optimizer_state``), evaluation (``evaluation``), executors (``executors``), checkpoint
-metadata (``checkpoint``), typed work items (``work_items``) and checks before training
-(``setup_checks``)."""
+(``optimizer_state``), the server optimizer's state (``server_optimizer``), evaluation
+(``evaluation``), executors (``executors``), checkpoint metadata (``checkpoint``), typed work
+items (``work_items``), checks before training (``setup_checks``), where the logits are in a
+model's output (``outputs``) and the user's LR schedulers over rounds (``schedulers``)."""

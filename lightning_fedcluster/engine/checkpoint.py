@@ -1,7 +1,8 @@
-"""What a checkpoint records besides the weights: the client store, and which algorithm with
-which configuration wrote it, and whether a round was in progress. Resuming is refused, with a
-message naming both sides, under another algorithm, with other algorithm-specific client state,
-or from the middle of a round (the working copies then hold a client's local weights)."""
+"""What a checkpoint records besides the weights: the client store, which algorithm with which
+configuration wrote it, whether a round was in progress, and the server optimizer's state.
+Resuming is refused, with a message naming both sides, under another algorithm, with other
+algorithm-specific client state or another server optimizer, or from the middle of a round (the
+working copies then hold a client's local weights)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.server_optimizer import SERVER_OPTIMIZER_KEY, ServerOptimizer
 
 CLIENT_STATE_KEY = "fedcluster_client_state"
 METADATA_KEY = "fedcluster_metadata"
@@ -86,11 +88,30 @@ def check_resumable(
     ]
 
 
+def load_server_optimizer(server_optimizer: ServerOptimizer | None, ckpt: dict[str, Any]) -> None:
+    """Restore the server optimizer's state; refuse a checkpoint written with another one."""
+    saved = ckpt.get(SERVER_OPTIMIZER_KEY)
+    if server_optimizer is not None and saved is None and METADATA_KEY in ckpt:
+        raise ValueError(
+            f"the checkpoint holds no server optimizer state but this run uses "
+            f"server_optimizer={server_optimizer.config.kind!r}: resume with server_optimizer='none'"
+        )
+    if saved is not None and server_optimizer is None:
+        raise ValueError(
+            f"the checkpoint holds server_optimizer={saved['kind']!r} state but this run uses "
+            "server_optimizer='none': resume with the server optimizer that wrote it"
+        )
+    if server_optimizer is not None and saved is not None:
+        server_optimizer.load_state_dict(saved)
+
+
 class CheckpointHooks:
     """The ClusteredModule's checkpoint hooks (a mixin): the client store and the metadata above
     go into every checkpoint; loading checks them before the client store is restored."""
 
     def on_save_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
+        if self.server_optimizer is not None:
+            ckpt[SERVER_OPTIMIZER_KEY] = self.server_optimizer.state_dict()
         if self.client_state is None:
             return
         ckpt[CLIENT_STATE_KEY] = self.client_state.state_dict()
@@ -103,6 +124,7 @@ class CheckpointHooks:
         ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress)
 
     def on_load_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
+        load_server_optimizer(self.server_optimizer, ckpt)
         state = ckpt.get(CLIENT_STATE_KEY)
         if state is None:
             return
@@ -120,4 +142,3 @@ class CheckpointHooks:
         if differences:
             rank_zero_warn(f"resuming {name} with a changed configuration: " + "; ".join(differences))
         self.client_state.load_state_dict(state)
-

@@ -69,15 +69,19 @@ def client_context(
     seed: int,
     membership: Tensor | None = None,
     device: torch.device | str = "cpu",
+    row: int | None = None,
 ) -> ClientContext:
     """The rule's view of ``client``: its ω, the alive clusters, and its algorithm state
-    (per-client rows, or its training samples' rows ``sample_rows`` for per-sample state)."""
+    (per-client rows, or its training samples' rows ``sample_rows`` for per-sample state).
+    ``row``: the client's row in ``state`` when the store holds only some clients (a Flower
+    node's own); ``client`` by default."""
+    row = client if row is None else row
     extra = {}
     for name, value in state.extra.items():
         if name in rule.per_sample_state:
             extra[name] = value[sample_rows[0] : sample_rows[1]].to(device)
         elif value.dim() > 0 and value.shape[0] == state.num_clients:
-            extra[name] = value[client].to(device)
+            extra[name] = value[row].to(device)
         elif value.dim() == 0:
             extra[name] = value
     return ClientContext(
@@ -85,9 +89,9 @@ def client_context(
         round_index=round_index,
         num_samples=num_samples,
         num_classes=num_classes,
-        omega=state.omega[client].to(device),
+        omega=state.omega[row].to(device),
         active=state.active.to(device),
-        seen=bool(state.seen[client]),
+        seen=bool(state.seen[row]),
         seed_parts=(seed, round_index, client, CLIENT_RNG),
         extra=extra,
         membership=None if membership is None else membership[client],

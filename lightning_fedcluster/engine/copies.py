@@ -1,12 +1,13 @@
 """Cluster copies of the user's module: independent initialisation, optional shared layers, the
 federated tensors of each copy, snapshots of them, and the local solver built from the user's
-configure_optimizers."""
+configure_optimizers and its schedulers."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.schedule import derive_seed
 from lightning_fedcluster.algorithms.seeds import CLUSTER_INIT
+from lightning_fedcluster.engine.schedulers import RoundScheduler, parse_optimizer_config
 
 
 def independent_copies(module: nn.Module, num_clusters: int, seed: int) -> list[nn.Module]:
@@ -48,49 +50,77 @@ def state_tensors_of(model: nn.Module) -> list[Tensor]:
     return [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
 
 
-def first_optimizer(config: Any, owner: str) -> torch.optim.Optimizer:
-    """The optimizer out of any configure_optimizers return form; schedulers are ignored."""
-    if isinstance(config, torch.optim.Optimizer):
-        return config
-    if isinstance(config, dict) and "optimizer" in config:
-        if "lr_scheduler" in config:
-            warnings.warn(
-                f"{owner}.configure_optimizers returns an LR scheduler: it is ignored, every client's "
-                "local solver starts afresh each round",
-                stacklevel=4,
-            )
-        return config["optimizer"]
-    if isinstance(config, (list, tuple)) and config:
-        first = config[0]
-        if isinstance(first, (list, tuple)):  # ([optimizers], [schedulers])
-            first = first[0] if first else None
-        return first_optimizer(first, owner)
-    raise TypeError(
-        f"{owner}.configure_optimizers must return an optimizer (it is the local solver of every "
-        f"client), got {type(config).__name__}"
-    )
-
-
-def local_optimizer(models: Sequence[nn.Module]) -> torch.optim.Optimizer:
-    """One optimizer of the user's type and settings over every copy's parameters (parameters
-    tied across copies appear once): every client's local solver."""
+@contextlib.contextmanager
+def attached(model: nn.Module, trainer: Any) -> Iterator[None]:
+    """``model.trainer`` set to ``trainer`` inside the block (the copies hold no trainer, but a
+    user's configure_optimizers may read e.g. ``self.trainer.max_epochs``)."""
     import lightning.pytorch as pl
 
-    groups: list[dict[str, Any]] = []
-    template: torch.optim.Optimizer | None = None
+    if trainer is None or not isinstance(model, pl.LightningModule):
+        yield
+        return
+    model.trainer = trainer
+    try:
+        yield
+    finally:
+        model.trainer = None
+
+
+def same_settings(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two parameter groups have the same hyperparameters (tensor values compared by value)."""
+    keys = set(a) - {"params"}
+    if keys != set(b) - {"params"}:
+        return False
+    for key in keys:
+        if isinstance(a[key], Tensor) or isinstance(b[key], Tensor):
+            if not torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])):
+                return False
+        elif a[key] != b[key]:
+            return False
+    return True
+
+
+def local_solver(
+    models: Sequence[nn.Module], trainer: Any = None
+) -> tuple[torch.optim.Optimizer, list[RoundScheduler]]:
+    """Every client's local solver: the optimizer of copy 0's configure_optimizers (the user's type,
+    settings and parameter groups) with each other copy's parameters added to the matching group
+    (parameters tied across copies appear once), and the schedulers configure_optimizers attached
+    to it, which therefore schedule every copy."""
+    import lightning.pytorch as pl
+
+    optimizer: torch.optim.Optimizer | None = None
+    schedulers: list[RoundScheduler] = []
     seen: set[int] = set()
     for model in models:
         owner = type(model).__name__
         if type(model).configure_optimizers is pl.LightningModule.configure_optimizers:
             raise TypeError(f"{owner} must define configure_optimizers: it is every client's local solver")
-        template = first_optimizer(model.configure_optimizers(), owner)
-        for group in template.param_groups:
-            params = [p for p in group["params"] if id(p) not in seen]
+        with attached(model, trainer):
+            template, found = parse_optimizer_config(model.configure_optimizers(), owner)
+        if optimizer is None:
+            optimizer, schedulers = template, found
+            seen.update(id(p) for group in optimizer.param_groups for p in group["params"])
+            continue
+        groups = list(zip(optimizer.param_groups, template.param_groups, strict=False))
+        if len(optimizer.param_groups) != len(template.param_groups) or not all(
+            same_settings(a, b) for a, b in groups
+        ):
+            raise ValueError(
+                f"{owner}.configure_optimizers gives the cluster copies different parameter groups or "
+                "settings: every copy must get the same groups with the same hyperparameters"
+            )
+        for group, other in groups:
+            params = [p for p in other["params"] if id(p) not in seen]
             seen.update(id(p) for p in params)
-            if params:
-                groups.append({**group, "params": params})
-    assert template is not None
-    return type(template)(groups, **template.defaults)
+            group["params"].extend(params)
+    assert optimizer is not None
+    return optimizer, schedulers
+
+
+def local_optimizer(models: Sequence[nn.Module], trainer: Any = None) -> torch.optim.Optimizer:
+    """The local solver's optimizer alone (a fresh one, e.g. to read its settings or state layout)."""
+    return local_solver(models, trainer)[0]
 
 
 def tie_shared_layers(copies: Sequence[nn.Module], shared_layers: Sequence[str]) -> list[Tensor]:

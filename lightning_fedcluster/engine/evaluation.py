@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
+from lightning_fedcluster.engine.copies import Snapshot
 from lightning_fedcluster.engine.executors.loop import finetune
-from lightning_fedcluster.engine.losses import evaluate_models
 from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.metrics.clustering import concept_ari
 
@@ -33,6 +33,49 @@ def score(prediction: Tensor, y: Tensor, task: str) -> Tensor:
     if task == "regression":
         return (prediction.double() - y.reshape(y.shape[0], -1).double()).square().mean(1).sum()
     return (prediction.argmax(1) == y).sum().double()
+
+
+def mixture_prediction(
+    module: ClusteredModule, x: Tensor, omega: Tensor, owner: Tensor | None = None
+) -> Tensor:
+    """p(y|x) = Σ_k w_k p_k(y|x) (or the weighted regression prediction) of the cluster models,
+    with w the rule's prediction weights of ω. ``omega`` is one client's [K], or [C, K] for C
+    clients with ``owner`` [N] naming each row's client (an index into ``omega``)."""
+    _, outputs = module.evaluate_clusters(x)
+    omega = omega.to(outputs.device)
+    if owner is None:
+        return mixture_probabilities(outputs, module.rule.prediction_weights(omega))
+    weights = torch.stack([module.rule.prediction_weights(w) for w in omega]) if omega.shape[0] else omega
+    return mixture_probabilities(outputs, weights[owner.to(outputs.device)])
+
+
+def predicts_per_client(module: ClusteredModule) -> bool:
+    """Whether a participating client's prediction needs its own model: personal models (FedSoft,
+    D-FedEM) or cluster models fine-tuned on its data (FedRC-FT), not just its mixture weights."""
+    return module.rule.keeps_personal_models or module.finetune_epochs > 0
+
+
+def personal_prediction(
+    module: ClusteredModule, client: int, x: Tensor, log_label_stats: Tensor | None, snapshot: Snapshot
+) -> Tensor:
+    """Participating client's prediction on x from its personal model(s), or from the cluster
+    models fine-tuned on its training data (FedRC-FT); the working copies are restored to
+    ``snapshot`` (the global weights) afterwards."""
+    assert module.client_state is not None
+    omega = module.client_state.omega[client].to(module.device)
+    personal = module.client_state.personal.get(client) if module.rule.keeps_personal_models else None
+    try:
+        if personal is not None:
+            copies = module.personal_copies()
+            module.copies.write_vector(personal, copies)
+            if len(copies) == 1:
+                _, outputs = module.evaluate_clusters(x)
+                return outputs[0]
+        elif module.finetune_epochs:
+            omega = finetune(module, client, module.finetune_epochs, log_label_stats)
+        return mixture_prediction(module, x, omega)
+    finally:
+        module.copies.load(snapshot)
 
 
 class Evaluation:
@@ -59,63 +102,46 @@ class Evaluation:
 
     def local_chunk(self, module: ClusteredModule, clients: list[int]) -> None:
         """Score consecutive participating clients on their test rows."""
-        assert module.client_state is not None
-        per_client = module.rule.keeps_personal_models or module.finetune_epochs > 0
-        if per_client:
-            for client in clients:
-                _, y = self.client_rows("local", client)
-                self.add(0, self.personal_prediction(module, client), y, module.task)
-            return
         x_all, y_all, offsets = self.rows["local"]
-        start, stop = int(offsets[clients[0]]), int(offsets[clients[-1] + 1])
-        x, y = x_all[start:stop], y_all[start:stop]
+        y = y_all[int(offsets[clients[0]]) : int(offsets[clients[-1] + 1])]
+        self.add(0, self.local_prediction(module, clients), y, module.task)
+
+    def local_prediction(self, module: ClusteredModule, clients: list[int]) -> Tensor:
+        """The predictions [N, C] (or [N, D]) of consecutive participating clients on their rows of
+        the stage: each client's mixture of the cluster models with its own ω, or its personal model."""
+        assert module.client_state is not None
+        if predicts_per_client(module):
+            rows = [self.client_rows("local", client)[0] for client in clients]
+            predictions = [
+                personal_prediction(module, client, x, self.log_label_stats, self.snapshot)
+                for client, x in zip(clients, rows, strict=True)
+            ]
+            return torch.cat(predictions)
+        x_all, _, offsets = self.rows["local"]
+        x = x_all[int(offsets[clients[0]]) : int(offsets[clients[-1] + 1])]
         sizes = (offsets[torch.tensor(clients) + 1] - offsets[torch.tensor(clients)]).to(module.device)
-        omega = module.client_state.omega[clients].to(module.device)
-        weights = torch.stack([module.rule.prediction_weights(w) for w in omega])
-        _, outputs = evaluate_models(module.models, x, None, module.task, module.pass_rows)
-        self.add(0, mixture_probabilities(outputs, weights.repeat_interleave(sizes, 0)), y, module.task)
+        owner = torch.arange(len(clients), device=module.device).repeat_interleave(sizes)
+        return mixture_prediction(module, x, module.client_state.omega[clients], owner)
 
     def global_client(self, module: ClusteredModule, index: int) -> None:
         """An unseen client: ω from its adapt rows by the rule, then scored on its other rows."""
+        _, prediction = self.global_prediction(module, index)
+        self.add(2 + 2 * index, prediction, self.client_rows("global_score", index)[1], module.task)
+
+    def global_prediction(self, module: ClusteredModule, index: int) -> tuple[Tensor, Tensor]:
+        """An unseen client's ω [K], fitted by the rule on its adapt rows, and its predictions on
+        its score rows."""
         assert module.client_state is not None
         x, y = self.client_rows("global_adapt", index)
-        losses, _ = evaluate_models(module.models, x, y, module.task, module.pass_rows)
+        losses, _ = module.evaluate_clusters(x, y)
         active = module.client_state.active.to(module.device)
         omega = module.rule.unseen_client_mixture(losses, y, self.log_label_stats, active)
-        x, y = self.client_rows("global_score", index)
-        _, outputs = evaluate_models(module.models, x, None, module.task, module.pass_rows)
-        self.add(
-            2 + 2 * index,
-            mixture_probabilities(outputs, module.rule.prediction_weights(omega)),
-            y,
-            module.task,
-        )
+        x, _ = self.client_rows("global_score", index)
+        return omega, mixture_prediction(module, x, omega)
 
     def add(self, slot: int, prediction: Tensor, y: Tensor, task: str) -> None:
         self.sums[slot] += score(prediction, y, task)
         self.sums[slot + 1] += float(y.shape[0])
-
-    def personal_prediction(self, module: ClusteredModule, client: int) -> Tensor:
-        """A client's test prediction from its personal model(s), or from the cluster models
-        fine-tuned on its training data (FedRC-FT); the global models are restored afterwards."""
-        assert module.client_state is not None
-        x, _ = self.client_rows("local", client)
-        omega = module.client_state.omega[client].to(module.device)
-        personal = module.client_state.personal.get(client) if module.rule.keeps_personal_models else None
-        try:
-            if personal is not None:
-                copies = module.personal_copies()
-                module.copies.write_vector(personal, copies)
-                _, outputs = evaluate_models(module.models, x, None, module.task, module.pass_rows)
-                if len(copies) == 1:
-                    return outputs[0]
-            else:
-                if module.finetune_epochs:
-                    omega = finetune(module, client, module.finetune_epochs, self.log_label_stats)
-                _, outputs = evaluate_models(module.models, x, None, module.task, module.pass_rows)
-            return mixture_probabilities(outputs, module.rule.prediction_weights(omega))
-        finally:
-            module.copies.load(self.snapshot)
 
     def metrics(self, module: ClusteredModule, stage: str) -> dict[str, float]:
         """Sum over processes and turn the sums into the stage's metrics."""
@@ -180,4 +206,3 @@ class EvaluationHooks:
                 sync_dist=True,
                 prog_bar=name.endswith((f"local_{metric}", f"global_{metric}")),
             )
-

@@ -1,7 +1,8 @@
 """The engine's per-sample loss and the no-grad pass of the K models, written once for every
 executor: the user's ``per_sample_loss(batch)`` if defined, else its ``criterion`` made
 unreduced, else cross-entropy (classification) or the squared error averaged over output
-dimensions (regression)."""
+dimensions (regression). The model's forward output is read through ``logits_from``
+(``engine/outputs.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lightning_fedcluster.engine.outputs import LogitsFrom, forward_logits
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 # No-grad passes (E-step, evaluation) forward at most this many bytes of activations at once.
@@ -45,13 +48,22 @@ def functional_loss(model: nn.Module, task: str) -> LossFn:
     return lambda out, y: F.cross_entropy(out, y, reduction="none")
 
 
-def per_sample_loss(model: nn.Module, x: Tensor, y: Tensor, task: str, out: Tensor | None = None) -> Tensor:
-    """Loss of every sample under ``model``, shape [N]; ``out`` reuses a forward already done."""
+def per_sample_loss(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    task: str,
+    out: Tensor | None = None,
+    logits_from: LogitsFrom = None,
+) -> Tensor:
+    """Loss of every sample under ``model``, shape [N]; ``out`` reuses logits already computed."""
     custom = getattr(model, "per_sample_loss", None)
     if callable(custom):
         loss = custom((x, y))
     else:
-        loss = functional_loss(model, task)(model(x) if out is None else out, y)
+        if out is None:
+            out = forward_logits(model, x, logits_from)
+        loss = functional_loss(model, task)(out, y)
     if loss.shape != y.shape[:1]:
         raise ValueError(
             f"the per-sample loss of {type(model).__name__} must have shape [batch] = [{y.shape[0]}], "
@@ -69,7 +81,12 @@ def model_outputs(raw: Tensor, task: str) -> Tensor:
 
 @torch.no_grad()
 def evaluate_models(
-    models: Sequence[nn.Module], x: Tensor, y: Tensor | None, task: str, batch_size: int
+    models: Sequence[nn.Module],
+    x: Tensor,
+    y: Tensor | None,
+    task: str,
+    batch_size: int,
+    logits_from: LogitsFrom = None,
 ) -> tuple[Tensor | None, Tensor]:
     """One no-grad pass of every model over x in batches of ``batch_size``, in eval mode.
 
@@ -83,7 +100,7 @@ def evaluate_models(
         loss_k, out_k = [], []
         for start in range(0, x.shape[0], batch_size):
             xb = x[start : start + batch_size]
-            raw = model(xb)
+            raw = forward_logits(model, xb, logits_from)
             if y is not None:
                 loss_k.append(per_sample_loss(model, xb, y[start : start + batch_size], task, raw))
             out_k.append(model_outputs(raw, task))

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from lightning_fedcluster.engine.copies import local_optimizer
 
 OPTIMIZER_STATES = ("reset", "persist")
 REPORT_BYTES = 2**30  # print the store's size at fit start above 1 GB
@@ -85,8 +88,10 @@ def copy_index(models: Sequence[nn.Module], optimizer: torch.optim.Optimizer) ->
     return [owner[id(p)] for p in optimizer_params(optimizer)]
 
 
-def persistent_layout(models: Sequence[nn.Module], optimizer: torch.optim.Optimizer) -> StateLayout:
-    """The layout of a client's persistent state for the module's local optimizer."""
+def persistent_layout(models: Sequence[nn.Module], trainer: Any = None) -> StateLayout:
+    """The layout of a client's persistent state for the module's local optimizer (a fresh one,
+    from the user's configure_optimizers, with ``trainer`` attached while it runs)."""
+    optimizer = local_optimizer(models, trainer)
     return state_layout(optimizer, copy_index(models, optimizer))
 
 

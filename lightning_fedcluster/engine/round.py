@@ -19,6 +19,7 @@ from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.round_buffer import RoundBuffer
 from lightning_fedcluster.engine.client import ClientWork
 from lightning_fedcluster.engine.copies import Snapshot
+from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
 
 Reduce = Callable[[Tensor], Tensor]
 
@@ -134,13 +135,21 @@ class RoundState:
             if buffer is not None:
                 buffer.replace(reduce_sum(buffer.flat))
 
-    def apply(self, server_lr: float) -> None:
-        """θ_k ← θ_k + η_g Σ w Δ / Σ w, on the global snapshot (a cluster without weight keeps its model)."""
+    def apply(self, server_lr: float, server_optimizer: ServerOptimizer | None = None) -> None:
+        """θ_k ← θ_k + η_g Σ w Δ / Σ w, on the global snapshot (a cluster without weight keeps its
+        model); with a server optimizer, θ_k ← θ_k + η_g · its direction for that average."""
         weights = self.report["weights"]
-        for k, tensors in enumerate(self.global_clusters):
-            apply_weighted_update(tensors, self.delta_sum[k], float(weights[k]), server_lr)
+        groups = [
+            (cluster_group(k), t, self.delta_sum[k], float(weights[k]))
+            for k, t in enumerate(self.global_clusters)
+        ]
         if self.global_shared:
-            apply_weighted_update(self.global_shared, self.delta_shared, float(weights[-1]), server_lr)
+            groups.append(("shared", self.global_shared, self.delta_shared, float(weights[-1])))
+        for group, tensors, deltas, weight in groups:
+            if server_optimizer is None:
+                apply_weighted_update(tensors, deltas, weight, server_lr)
+            else:
+                server_optimizer.step(group, tensors, deltas, weight, server_lr)
 
     def reported_slots(self) -> Tensor:
         return (self.report["reported"] > 0).cpu()

@@ -19,6 +19,7 @@ from lightning_fedcluster.algorithms.actions import (
     ServerAction,
     SetCentre,
     SetState,
+    SplitCluster,
 )
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
@@ -90,6 +91,11 @@ def apply_actions(
             with torch.no_grad():
                 for t, g in zip(global_clusters[action.target], global_clusters[action.source], strict=True):
                     t.copy_(g)
+        elif isinstance(action, SplitCluster):
+            state.split_cluster(action.source, action.target, action.clients, action.to_target)
+            with torch.no_grad():
+                for t, g in zip(global_clusters[action.target], global_clusters[action.source], strict=True):
+                    t.copy_(g)
         elif isinstance(action, SetCentre):
             write_vector_into(global_clusters[action.cluster], action.vector)
         elif isinstance(action, Reassign):
@@ -125,3 +131,17 @@ def estimation_pass(
     for client in range(rank, num_clients, world):
         estimates[client] = rule.estimate(client_losses(client), active)
     return (reduce_sum(estimates) if world > 1 else estimates).cpu()
+
+
+def round_metrics(round_state: RoundState, state: ClientState, task: str) -> dict[str, float]:
+    """The Lightning engine's per-round metrics (same names): mixture loss and accuracy (or MSE)
+    of the round's clients before training, clients that reported, alive clusters."""
+    nll, second, count = (float(v) for v in round_state.report["metrics"])
+    count = max(count, 1.0)
+    second_name = "train/mse" if task == "regression" else "train/acc"
+    return {
+        "train/loss": nll / count,
+        second_name: second / count,
+        "train/clients": float(round_state.reported_slots().sum()),
+        "clusters/active": float(state.active.sum()),
+    }

@@ -10,6 +10,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from lightning_fedcluster.engine.outputs import LogitsFrom, select_logits
+
+# Rows of the first client the output checks forward.
+SAMPLE_ROWS = 8
 # A round loss this many times the first round's means the run diverged.
 LOSS_GROWTH_FACTOR = 100.0
 
@@ -35,32 +39,56 @@ def check_training_setup(
         )
 
 
-def check_output_shape(model: nn.Module, datamodule: Any, task: str) -> None:
-    """``model.forward`` must give logits [batch, num_classes] (or predictions shaped like the
-    targets, regression) for this datamodule. Runs where the model's parameters are (``setup``
-    comes before Lightning moves the module to its device)."""
+def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from: LogitsFrom = None) -> None:
+    """``model.forward`` (read through ``logits_from``) must give logits [batch, num_classes] (or
+    predictions shaped like the targets, regression) for this datamodule; probabilities warn. Runs
+    where the model's parameters are (``setup`` comes before Lightning moves the module to its
+    device), on a few rows of the first client."""
     device = next(model.parameters()).device
     x, y = datamodule.train_split(0)
+    name = type(model).__name__
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        out = model(x[:2].to(device))
+        raw = model(x[:SAMPLE_ROWS].to(device))
     model.train(was_training)
-    got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+    try:
+        out = select_logits(raw, logits_from, name)
+    except (KeyError, IndexError, TypeError, AttributeError) as error:  # from a logits_from callable
+        raise ValueError(
+            f"logits_from={logits_from!r} failed on {name}.forward's output: {error!r}"
+        ) from error
+    got = tuple(out.shape)
+    source = f"{name}.forward" + (
+        "" if logits_from is None else f" (read through logits_from={logits_from!r})"
+    )
     if task == "regression":
         expected = tuple(y[:2].shape)
-        if not isinstance(out, Tensor) or out.shape[0] != expected[0] or out[0].numel() != y[0].numel():
+        if out.shape[0] != min(SAMPLE_ROWS, y.shape[0]) or out[0].numel() != y[0].numel():
             raise ValueError(
-                f"{type(model).__name__}.forward must return predictions shaped like the targets "
+                f"{source} must return predictions shaped like the targets "
                 f"{expected} (per sample {tuple(y.shape[1:])}), got {got}: set the model's output size"
             )
         return
-    if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[1] != datamodule.num_classes:
+    if out.dim() != 2 or out.shape[1] != datamodule.num_classes:
         raise ValueError(
-            f"{type(model).__name__}.forward must return logits of shape [batch, num_classes] = "
+            f"{source} must return logits of shape [batch, num_classes] = "
             f"[batch, {datamodule.num_classes}] for this datamodule, got {got}: set the model's "
             "output size to the datamodule's num_classes"
         )
+    if not callable(getattr(model, "per_sample_loss", None)) and looks_like_probabilities(out):
+        rank_zero_warn(
+            f"{source} seems to return probabilities (rows >= 0 summing to 1), but the engine takes "
+            "them for logits (cross-entropy applies its own softmax), which trains to near chance: return "
+            "the logits (drop the final softmax), or pass logits_from= to select the logits from the "
+            "output, or define per_sample_loss(batch) for probabilities"
+        )
+
+
+def looks_like_probabilities(out: Tensor) -> bool:
+    """Every row non-negative and summing to 1 (a softmax output)."""
+    out = out.detach().double()
+    return bool((out >= 0).all()) and torch.allclose(out.sum(1), torch.ones_like(out[:, 0]), atol=1e-4)
 
 
 def check_loss_growth(first: float | None, loss: float, round_index: int) -> float | None:

@@ -9,17 +9,27 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import Callable, Sequence
-from typing import Any
+from datetime import timedelta
+from typing import Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_fedcluster.algorithms.schedule import RoundSchedule, local_steps_per_client
+from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.engine.executors.select import EXECUTORS
 from lightning_fedcluster.engine.optimizer_state import OPTIMIZER_STATES
+from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
+from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
+from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 
 _teardown_registered = False
 
@@ -42,7 +52,15 @@ class FederatedStrategy(DDPStrategy):
             epoch), reshuffled every pass.
         drop_last: with local_epochs, drop each pass's partial last batch (the FedRC authors'
             loader does).
-        server_lr: η_g, the server step applied to the averaged update.
+        server_lr: η_g, the server step applied to the averaged update (or to the server
+            optimizer's direction).
+        server_optimizer: "none" (θ ← θ + η_g Δ, FedAvg's server), "momentum" (FedAvgM:
+            v ← β v + Δ, θ ← θ + η_g v) or "adam" (FedAdam, Reddi et al. 2021: θ ← θ + η_g m / (√v + τ);
+            takes a small ``server_lr``, e.g. 0.01–0.1), per cluster on its averaged update Δ.
+            Its state (one or two float64 tensors per parameter and cluster) is checkpointed.
+        server_momentum: β of "momentum" (default 0.9).
+        server_betas: (β₁, β₂) of "adam" (default (0.9, 0.99)).
+        server_tau: τ of "adam", its adaptivity (default 1e-3).
         seed: drives client sampling, cluster-model initialisation and local minibatch order.
         finetune_epochs: before measuring a participating client's local accuracy, fine-tune copies
             of the cluster models on its training data for this many epochs (FedRC-FT); 0 = off.
@@ -58,10 +76,20 @@ class FederatedStrategy(DDPStrategy):
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
             rounds on the CPU, as the FedRC authors' code does; memory clients × K × parameters
             per state tensor).
-        kwargs: passed to Lightning's DDPStrategy (e.g. ``start_method``, ``process_group_backend``).
+        logits_from: where the logits are in a forward that returns a dict or tuple (a key, an
+            index, or a callable output -> logits) when the strategy wraps a plain LightningModule.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
+        process_group_backend, timeout, start_method: Lightning's DDPStrategy arguments for the
+            processes. DDP's model-wrapper arguments (``ddp_comm_hook``, ``find_unused_parameters``,
+            ...) do not apply: no DistributedDataParallel is built.
+
+    Any other keyword is a TypeError listing the valid ones (a typo such as ``num_cluster=5`` must
+    not train with the default).
     """
 
     strategy_name = "federated"
+    # Arguments a subclass fixes itself (hidden from the list of valid arguments in errors).
+    fixed_arguments: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -78,8 +106,27 @@ class FederatedStrategy(DDPStrategy):
         clients_per_chunk: int | None = None,
         optimizer_state: str = "reset",
         drop_last: bool = False,
-        **kwargs: Any,
+        logits_from: LogitsFrom = None,
+        server_optimizer: str = "none",
+        server_momentum: float | None = None,
+        server_betas: tuple[float, float] | None = None,
+        server_tau: float | None = None,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        **unknown: Any,
     ) -> None:
+        valid = [
+            name
+            for name in init_parameters(type(self), FederatedStrategy)
+            if name not in self.fixed_arguments
+        ]
+        reject_unknown(type(self).__name__, unknown, valid)
         check_positive_int("num_clusters", num_clusters)
         check_positive_int("clients_per_round", clients_per_round, allow_none=True)
         check_positive_int("local_steps", local_steps, allow_none=True)
@@ -102,9 +149,21 @@ class FederatedStrategy(DDPStrategy):
             )
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
+        self.server_optimizer_config = ServerOptimizerConfig.from_arguments(
+            server_optimizer, server_momentum, server_betas, server_tau
+        )
         if isinstance(finetune_epochs, bool) or not isinstance(finetune_epochs, int) or finetune_epochs < 0:
             raise ValueError(f"finetune_epochs must be an integer >= 0, got {finetune_epochs!r}")
-        super().__init__(**kwargs)
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+        )
         self.num_clusters = num_clusters
         self.clients_per_round = clients_per_round
         self.local_steps = 5 if local_steps is None and local_epochs is None else local_steps
@@ -122,9 +181,13 @@ class FederatedStrategy(DDPStrategy):
         if drop_last and local_epochs is None:
             raise ValueError("drop_last applies to local_epochs (passes over the data); give local_epochs")
         self.drop_last = drop_last
+        self.logits_from = check_logits_from(logits_from)
         # Set by the ClusteredModule once it has resolved the executor (None: the loop).
         self.chunk_size: int | None = None
         self._schedule: tuple[tuple[int, int | None], RoundSchedule] | None = None
+        # The plain module last wrapped by ``connect`` and its ClusteredModule (reused for that module;
+        # references, not a weakref, so that the strategy stays picklable for spawned processes).
+        self._wrapped: tuple[pl.LightningModule, pl.LightningModule] | None = None
 
     @property
     def algorithm(self) -> Any:
@@ -180,30 +243,75 @@ class FederatedStrategy(DDPStrategy):
         from lightning_fedcluster.module import ClusteredModule
 
         if not isinstance(model, ClusteredModule):
-            trainer = getattr(model, "_trainer", None)  # attached by trainer.fit before connect
-            model = ClusteredModule(
-                model, self.num_clusters, seed=self.seed, shared_layers=self.shared_layers
-            )
-            model.trainer = trainer
+            model = self._wrap(model)
         elif self.shared_layers and tuple(self.shared_layers) != model.shared_layers:
             raise ValueError(
                 f"the strategy has shared_layers={self.shared_layers} but the ClusteredModule was built with "
                 f"shared_layers={model.shared_layers}: set them in one place"
             )
+        elif self.logits_from is not None and model.logits_from is None:
+            model.logits_from = self.logits_from
+        elif self.logits_from is not None and model.logits_from != self.logits_from:
+            raise ValueError(
+                f"the strategy has logits_from={self.logits_from!r} but the ClusteredModule was built with "
+                f"logits_from={model.logits_from!r}: set it in one place"
+            )
         super().connect(model)
 
-    def setup_distributed(self) -> None:
-        """Lightning's process-group setup, plus its orderly teardown at interpreter exit.
+    def _wrap(self, model: pl.LightningModule) -> pl.LightningModule:
+        """The ClusteredModule around a plain LightningModule: the one this strategy built for that
+        very object before, if any, so that ``trainer.predict(my_module, ...)`` (or test, or another
+        fit) after ``trainer.fit(my_module, ...)`` uses the trained cluster models, as a Lightning
+        module is trained in place; else a new one (K fresh copies)."""
+        from lightning_fedcluster.module import ClusteredModule
 
-        Lightning registers that teardown only for NCCL. A gloo group left alive at exit can abort
-        the process with "terminate called without an active exception" while the interpreter
-        shuts down (pytorch/pytorch#190489), after training finished correctly.
+        if self._wrapped is not None and self._wrapped[0] is model:
+            return self._wrapped[1]
+        trainer = getattr(model, "_trainer", None)  # attached by the trainer before connect
+        clustered = ClusteredModule(
+            model,
+            self.num_clusters,
+            seed=self.seed,
+            shared_layers=self.shared_layers,
+            logits_from=self.logits_from,
+        )
+        clustered.trainer = trainer
+        self._wrapped = (model, clustered)
+        return clustered
+
+    def setup_distributed(self) -> None:
+        """Lightning's process-group setup, plus its orderly teardown at interpreter exit; no
+        process group for a single process.
+
+        One process has nothing to communicate: ``reduce``, ``broadcast`` and ``barrier`` are
+        identities without a group, so none is created (and no "Starting with 1 processes" banner
+        is printed). Lightning registers the teardown only for NCCL. A gloo group left alive at exit
+        can abort the process with "terminate called without an active exception" while the
+        interpreter shuts down (pytorch/pytorch#190489), after training finished correctly.
         """
+        if self.num_nodes * self.num_processes == 1 and not (dist.is_available() and dist.is_initialized()):
+            reset_seed()  # as DDPStrategy.setup_distributed does, so 1 process seeds as N processes do
+            self.set_world_ranks()
+            return
         super().setup_distributed()
         global _teardown_registered
         if dist.is_available() and dist.is_initialized() and not _teardown_registered:
             atexit.register(_destroy_process_group)
             _teardown_registered = True
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        """DDPStrategy's setup; with one process and no group, evaluation skips its cross-process
+        weight sync (there is no other process to sync with). Batch limits are checked first
+        (``batch_limits``: rounds are never cut)."""
+        apply_batch_limits(trainer)
+        if trainer.state.fn == TrainerFn.FITTING or (dist.is_available() and dist.is_initialized()):
+            super().setup(trainer)
+            return
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.setup_precision_plugin()
 
     def configure_ddp(self) -> None:
         """Keep the plain module (no DistributedDataParallel) and start all ranks from rank 0's weights."""

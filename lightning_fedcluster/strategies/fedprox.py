@@ -40,6 +40,7 @@ class FedAvgStrategy(FedProxStrategy):
     """FedAvg (McMahan et al. 2017): one model, client updates averaged with weights N_i."""
 
     strategy_name = "fedavg"
+    fixed_arguments = ("mu",)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(mu=0.0, **kwargs)

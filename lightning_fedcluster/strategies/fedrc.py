@@ -21,6 +21,11 @@ class FedRCStrategy(FederatedStrategy):
             or one per client.
         removal_threshold: δ of adaptive K (App. F, e.g. 0.05): start with a generous
             ``num_clusters`` and remove clusters whose share of γ falls below δ.
+        reseed_threshold: a remedy for dead clusters, off by default and in the paper presets
+            (e.g. 0.05): after a round, the emptiest cluster whose share of γ is below it restarts
+            as a copy of the largest cluster, which hands it a seeded random half of its clients
+            (``lightning_fedcluster.algorithms.reseed``). Not with ``removal_threshold``,
+            ``adam_gamma`` or a ``server_optimizer``.
         other arguments: see :class:`FederatedStrategy` (e.g. ``finetune_epochs=1`` is FedRC-FT,
             ``shared_layers=("features",)`` a shared feature extractor with clustered heads).
     """
@@ -37,6 +42,7 @@ class FedRCStrategy(FederatedStrategy):
         adam_gamma: bool = False,
         label_noise_std: float | Sequence[float] = 0.0,
         removal_threshold: float | None = None,
+        reseed_threshold: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_clusters, **kwargs)
@@ -49,6 +55,7 @@ class FedRCStrategy(FederatedStrategy):
             raise ValueError(
                 f"removal_threshold must be in (0, 1) (the paper uses 0.05), got {removal_threshold!r}"
             )
+        check_reseed(reseed_threshold, removal_threshold, adam_gamma, self.server_optimizer_config.kind)
         if not self.use_label_stats and (label_noise_std != 0.0):
             raise ValueError("label_noise_std applies to FedRC's label statistics; FedEM has none")
         self.hard_prediction = hard_prediction
@@ -56,6 +63,7 @@ class FedRCStrategy(FederatedStrategy):
         self.adam_gamma = adam_gamma
         self.label_noise_std = label_noise_std
         self.removal_threshold = removal_threshold
+        self.reseed_threshold = reseed_threshold
         self._rule = FedRC(
             num_clusters,
             use_label_stats=self.use_label_stats,
@@ -64,6 +72,8 @@ class FedRCStrategy(FederatedStrategy):
             adam_gamma=adam_gamma,
             label_noise_std=label_noise_std,
             removal_threshold=removal_threshold,
+            reseed_threshold=reseed_threshold,
+            reseed_seed=self.seed,
         )
 
     @property
@@ -77,6 +87,22 @@ class FedRCStrategy(FederatedStrategy):
                 f"label_noise_std has {len(std)} values but the datamodule has {datamodule.num_clients} "
                 "clients: give one σ per client, or a single σ for all"
             )
+
+
+def check_reseed(threshold: float | None, removal: float | None, adam_gamma: bool, server: str) -> None:
+    """ValueError unless ``reseed_threshold`` is None, or in (0, 1) and without a conflicting option."""
+    if threshold is None:
+        return
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise ValueError(f"reseed_threshold must be in (0, 1) (e.g. 0.05), got {threshold!r}")
+    conflicts = {
+        "removal_threshold": removal is not None,  # one removes the clusters the other revives
+        "adam_gamma": adam_gamma,  # per-sample γ would have to be split too
+        "server_optimizer": server != "none",  # the re-seeded cluster's server state would be stale
+    }
+    named = [name for name, on in conflicts.items() if on]
+    if named:
+        raise ValueError(f"reseed_threshold cannot be combined with {', '.join(named)}: use one or the other")
 
 
 class FedEMStrategy(FedRCStrategy):

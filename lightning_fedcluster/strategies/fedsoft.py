@@ -23,6 +23,7 @@ class FedSoftStrategy(FederatedStrategy):
     """
 
     strategy_name = "fedsoft"
+    fixed_arguments = ("clients_per_round",)
 
     def __init__(
         self,

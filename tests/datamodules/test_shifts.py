@@ -14,6 +14,7 @@ from lightning_fedcluster.datamodules.shifts import (
     CIFAR10_C,
     CORRUPTIONS,
     FASHION_MNIST_C,
+    SEVERITY_FREE,
     TORCHVISION_CORRUPTIONS,
     corrupt,
     label_map,
@@ -153,7 +154,7 @@ def test_corrupt_rejects_bad_arguments(digits8: torch.Tensor) -> None:
 # --- the FashionMNIST-C / CIFAR-10-C corruption families beyond the default pool --------------
 
 
-EXTRA = [k for k in ALL_CORRUPTIONS if k not in CORRUPTIONS]
+EXTRA = [k for k in ALL_CORRUPTIONS if k not in CORRUPTIONS and k not in SEVERITY_FREE]
 PURE_EXTRA = [k for k in EXTRA if k not in TORCHVISION_CORRUPTIONS]
 GRAYSCALE_OK = [k for k in ALL_CORRUPTIONS if k != "saturate"]
 

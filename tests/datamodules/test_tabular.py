@@ -127,3 +127,50 @@ def test_bad_input_names_the_argument(tmp_path: Path, drift_csv: Path) -> None:
         CSVFederated(str(drift_csv), label_column="class", num_clients=600)
     with pytest.raises(FileNotFoundError, match="path="):
         CSVFederated(str(tmp_path / "none.csv"), label_column="class")
+
+
+def test_drift_rows_cut_the_file_order_into_concepts(tmp_path: Path) -> None:
+    # Electricity's layout: no time column, the file's row order is time; columns as elec.csv.
+    rng = np.random.default_rng(0)
+    n, drift = 600, 360
+    values = rng.uniform(0, 1, size=(n, 6))
+    up = (values[:, 1] > 0.5) ^ (np.arange(n) >= drift)
+    path = tmp_path / "elec.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["period", "nswprice", "nswdemand", "vicprice", "vicdemand", "transfer", "class"])
+        writer.writerows([*(f"{v:.6f}" for v in row), int(u)] for row, u in zip(values, up, strict=True))
+    dm = CSVFederated(str(path), label_column="class", drift_rows=[drift], num_clients=12,
+                      dirichlet_alpha=0.1, mix_segments=True, standardize=False, seed=0)
+    assert dm.feature_columns == ["period", "nswprice", "nswdemand", "vicprice", "vicdemand", "transfer"]
+    assert dm.num_global_clients == 2 and dm.metadata.global_concept.tolist() == [0, 1]
+
+    def source_rows(x: torch.Tensor) -> set[int]:
+        return {int(np.flatnonzero((np.abs(values - row.numpy()) < 1e-5).all(axis=1))[0]) for row in x}
+
+    for g, rows in enumerate((np.arange(drift), np.arange(drift, n))):
+        gx, gy = dm.global_split(g)
+        assert torch.bincount(gy).tolist() == [round(0.2 * rows.size) // 2] * 2  # class-balanced
+        assert source_rows(gx) <= set(rows.tolist())  # from its own side of the drift
+    # With a time column the cut is in time order, not file order.
+    columns = read_csv(path)
+    shuffled = tmp_path / "shuffled.csv"
+    order = rng.permutation(n)
+    with open(shuffled, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["date", *columns])
+        writer.writerows([i, *(columns[c][i] for c in columns)] for i in order)
+    timed = CSVFederated(str(shuffled), label_column="class", time_column="date", drift_rows=[drift],
+                         num_clients=12, dirichlet_alpha=0.1, mix_segments=True, standardize=False, seed=0)
+    assert source_rows(timed.global_split(0)[0]) <= set(range(drift))
+    assert source_rows(timed.global_split(1)[0]) <= set(range(drift, n))
+
+
+def test_drift_rows_are_checked(drift_csv: Path) -> None:
+    kwargs = dict(label_column="class", num_clients=4, dirichlet_alpha=None)
+    with pytest.raises(ValueError, match="either num_segments"):
+        CSVFederated(str(drift_csv), time_column="date", num_segments=2, drift_rows=[600], **kwargs)
+    with pytest.raises(ValueError, match=r"drift_rows must increase strictly and lie in \(0, 1200\)"):
+        CSVFederated(str(drift_csv), drift_rows=[26640], **kwargs)
+    with pytest.raises(ValueError, match="drift_rows must be a list of row positions"):
+        CSVFederated(str(drift_csv), drift_rows="600", **kwargs)  # type: ignore[arg-type]

@@ -56,7 +56,7 @@ def test_too_many_clients_per_round_fails_before_training(digits):
 
 def test_module_output_must_match_the_label_count(digits):
     trainer = make_trainer(FedRCStrategy(2), max_epochs=1)
-    with pytest.raises(ValueError, match=r"num_classes.*\[batch, 10\].*got \(2, 7\)"):
+    with pytest.raises(ValueError, match=r"num_classes.*\[batch, 10\].*got \(8, 7\)"):
         trainer.fit(MLPClassifier(num_classes=7), datamodule=digits)
     assert trainer.global_step == 0
 

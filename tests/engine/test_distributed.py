@@ -25,104 +25,124 @@ DISTRIBUTED_VARIABLES = {
 }
 
 
-def _run(devices: int, out: Path, strategy: str = "fedrc", executor: str = "auto") -> None:
+STRATEGIES = [
+    "fedrc_options", "fedrc_persist", "fedrc_plateau", "fedrc_server_adam", "fedrc_reseed", "fedem",
+    "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
+]  # fmt: skip
+EXECUTORS = ["loop", "vectorized"]
+RUNS = [f"fedrc:{executor}" for executor in EXECUTORS] + STRATEGIES
+
+
+def _run(devices: int, out: Path, runs: list[str]) -> None:
     # Same thread count per process in both runs: GEMM results depend on it.
     # Drop the rendezvous variables that in-process trainers of this test session exported.
     inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(SCRIPT), "--devices", str(devices), "--rounds", "3", "--out", str(out)]
     done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--devices",
-            str(devices),
-            "--rounds",
-            "3",
-            "--out",
-            str(out),
-            "--strategy",
-            strategy,
-            "--executor",
-            executor,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [*command, "--runs", *runs], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("executor", ["loop", "vectorized"])
-def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(tmp_path, executor):
-    _run(1, tmp_path / "one", executor=executor)
-    _run(2, tmp_path / "two", executor=executor)
-    assert (tmp_path / "two" / "executor.txt").read_text() == executor
-    one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
-    for key, value in one["weights"].items():
-        assert torch.equal(value, two["weights"][key]), key
-    for key, value in one["client_state"].items():
-        assert torch.equal(value, two["client_state"][key]), key
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Every run trained once on one process and once on two (one process start each: the
+    interpreter and Lightning start-up dominate a 3-round run)."""
+    root = tmp_path_factory.mktemp("distributed")
+    _run(1, root / "one", RUNS)
+    _run(2, root / "two", RUNS)
+    return root / "one", root / "two"
 
-    def clients(path: Path) -> set[tuple[int, int]]:
-        return {tuple(pair) for pair in json.loads(path.read_text())}
 
-    rank0 = clients(tmp_path / "two" / "clients_rank0.json")
-    rank1 = clients(tmp_path / "two" / "clients_rank1.json")
+def _clients(path: Path) -> set[tuple[int, int]]:
+    return {tuple(pair) for pair in json.loads(path.read_text())}
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(runs, executor):
+    one, two = (path / f"fedrc@{executor}" for path in runs)
+    assert (two / "executor.txt").read_text() == executor
+    first, second = torch.load(one / "result.pt"), torch.load(two / "result.pt")
+    for key, value in first["weights"].items():
+        assert torch.equal(value, second["weights"][key]), key
+    for key, value in first["client_state"].items():
+        assert torch.equal(value, second["client_state"][key]), key
+    rank0, rank1 = _clients(two / "clients_rank0.json"), _clients(two / "clients_rank1.json")
     assert rank0 and rank1 and not rank0 & rank1  # both processes worked, never on the same client
-    assert rank0 | rank1 == clients(tmp_path / "one" / "clients_rank0.json")
+    assert rank0 | rank1 == _clients(one / "clients_rank0.json")
     assert len(rank0 | rank1) == 3 * 10  # 3 rounds x 10 clients
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [
-        "fedrc_options", "fedrc_persist", "fedem", "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl",
-        "fedavg", "fedprox",
-    ],
-)
-def test_every_strategy_gives_the_same_result_on_two_processes(tmp_path, strategy):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_gives_the_same_result_on_two_processes(runs, strategy):
     """Weights, client state (personal models, per-sample γ, split clusters) and test metrics agree."""
-    _run(1, tmp_path / "one", strategy)
-    _run(2, tmp_path / "two", strategy)
-    one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
-    for key, value in one["weights"].items():
-        assert torch.equal(value, two["weights"][key]), key
-    assert set(one["client_state"]) == set(two["client_state"])
-    for key, value in one["client_state"].items():
-        assert torch.equal(value, two["client_state"][key]), key
-    assert one["metrics"] == pytest.approx(two["metrics"], abs=1e-6)
-    rank0 = {tuple(p) for p in json.loads((tmp_path / "two" / "clients_rank0.json").read_text())}
-    rank1 = {tuple(p) for p in json.loads((tmp_path / "two" / "clients_rank1.json").read_text())}
+    one, two = (path / strategy for path in runs)
+    first, second = torch.load(one / "result.pt"), torch.load(two / "result.pt")
+    for key, value in first["weights"].items():
+        assert torch.equal(value, second["weights"][key]), key
+    assert set(first["client_state"]) == set(second["client_state"])
+    for key, value in first["client_state"].items():
+        assert torch.equal(value, second["client_state"][key]), key
+    assert first["metrics"] == pytest.approx(second["metrics"], abs=1e-6)
+    assert set(first["server_optimizer"]) == set(second["server_optimizer"])
+    assert bool(first["server_optimizer"]) == (strategy == "fedrc_server_adam")
+    for key, value in first["server_optimizer"].items():
+        assert torch.equal(value, second["server_optimizer"][key]), key
+    rank0, rank1 = _clients(two / "clients_rank0.json"), _clients(two / "clients_rank1.json")
     assert rank0 and rank1 and not rank0 & rank1
 
 
 EXIT_PROBE = """
 import atexit
+import os
+import sys
 import lightning.pytorch as pl
 import torch.distributed as dist
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 
+
+
+def say(line):
+    # One os.write per line: both ranks share the stdout pipe, and print's pieces can interleave.
+    sys.stdout.flush()
+    os.write(1, (line + "\\n").encode())
+
+
 # Registered first, so it runs after the strategy's own exit handler (atexit is last-in, first-out).
-atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))
-trainer = pl.Trainer(strategy=lf.FedAvgStrategy(local_steps=1), accelerator="cpu", devices=1, max_epochs=1,
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+atexit.register(lambda: say(f"group alive at exit: {dist.is_initialized()}"))
+trainer = pl.Trainer(strategy=lf.FedAvgStrategy(local_steps=1), accelerator="cpu", devices=int(sys.argv[1]),
+                     max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False)
 trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
-print("group alive after fit:", dist.is_initialized(), flush=True)
+say(f"group alive after fit: {dist.is_initialized()}")
 """
+
+
+def _probe(tmp_path: Path, devices: int) -> subprocess.CompletedProcess:
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    script = tmp_path / "probe.py"  # a file: Lightning's launcher re-runs it for rank 1
+    script.write_text(EXIT_PROBE)
+    done = subprocess.run(
+        [sys.executable, str(script), str(devices)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def test_the_gloo_group_is_destroyed_before_the_interpreter_exits(tmp_path):
     """A gloo group left to interpreter finalisation can abort a finished run (SIGABRT)."""
-    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-    env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", EXIT_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "group alive after fit: True" in done.stdout
-    assert "group alive at exit: False" in done.stdout
+    done = _probe(tmp_path, 2)
+    assert done.stdout.count("group alive after fit: True") == 2
+    assert done.stdout.count("group alive at exit: False") == 2
+
+
+def test_one_process_creates_no_process_group_and_prints_no_ddp_banner(tmp_path):
+    done = _probe(tmp_path, 1)
+    assert "group alive after fit: False" in done.stdout
+    assert "Starting with 1 processes" not in done.stdout + done.stderr
+    assert "Initializing distributed" not in done.stdout + done.stderr

@@ -98,7 +98,7 @@ def test_tensorboard_gets_round_metrics_and_cluster_images(small_digits, tmp_pat
     for tag in ("clusters/omega_clients_by_concept", "clusters/label_stats_C", "clusters/concept_shares"):
         assert tag in images, images
     omega_image = events.Images("clusters/omega_clients_by_concept")[-1]
-    assert omega_image.width == 3 * 32 and omega_image.height >= small_digits.num_clients
+    assert omega_image.width >= 400 and omega_image.step == 3
 
 
 def test_explicit_clustered_module_and_hard_prediction(small_digits):

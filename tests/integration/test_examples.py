@@ -72,9 +72,11 @@ def test_fedsoft_synthetic(tmp_path: Path) -> None:
 def test_electricity(tmp_path: Path) -> None:
     path = write_electricity_like(tmp_path / "electricity.csv")
     cli = run("electricity.yaml", tmp_path, f"--data.init_args.path={path}",
-              "--data.init_args.num_clients=10", "--trainer.strategy.init_args.clients_per_round=5")
+              "--data.init_args.drift_rows=[900]", "--data.init_args.num_clients=10",
+              "--trainer.strategy.init_args.clients_per_round=5")
     dm = cli.datamodule
-    assert dm.num_global_clients == 2 and dm.metadata.concept.bincount().tolist() == [5, 5]
+    assert dm.num_clients == 10 and dm.feature_columns[0] == "period"  # date and day are not features
+    assert [dm.global_split(g)[1].bincount().tolist() for g in range(2)] == [[90, 90], [60, 60]]
 
 
 def test_fedrc_fashion_mnist(tmp_path: Path) -> None:
@@ -98,7 +100,7 @@ def test_fedrc_cifar10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
               "--data.init_args.download=false", "--data.init_args.num_clients=4",
               "--data.init_args.copies=1", "--model.init_args.weights=null",
               "--model.init_args.width_mult=0.25", "--trainer.strategy.init_args.clients_per_round=2",
-              "--trainer.limit_val_batches=0")
+              "--trainer.strategy.init_args.drop_last=false", "--trainer.limit_val_batches=0")
     assert cli.datamodule.train_x.shape[1:] == (3, 32, 32)
 
 
@@ -107,7 +109,8 @@ def test_a_fedrc_config_switches_to_fedavg(tmp_path: Path) -> None:
     csv = write_electricity_like(tmp_path / "elec.csv")
     with pytest.warns(UserWarning, match="FedAvgStrategy trains one model: num_clusters=3"):
         cli = run("electricity.yaml", tmp_path, f"--data.init_args.path={csv}",
-                  "--data.init_args.num_clients=10", "--trainer.strategy.init_args.clients_per_round=5",
+                  "--data.init_args.num_clients=10", "--data.init_args.drift_rows=[750]",
+                  "--trainer.strategy.init_args.clients_per_round=5",
                   "--trainer.strategy.class_path=lightning_fedcluster.FedAvgStrategy")
     assert type(cli.trainer.strategy).__name__ == "FedAvgStrategy"
     assert cli.trainer.lightning_module.num_clusters == 1

@@ -1,16 +1,21 @@
 """The loop executor: one client at a time on the K working copies, one Lightning work item per
 local step, the user's own optimizer as the local solver. General (any model, any optimizer,
-every algorithm); the vectorised executor is faster for small dense models."""
+every algorithm); the vectorised executor is faster for small dense models.
+
+A client's turn (``start_turn``, ``turn_step``, ``finish_turn``) needs no Trainer: the loop
+executor runs it with Lightning's optimizer and ``manual_backward`` (so ``global_step`` counts
+client-steps), a Flower node (``lightning_fedcluster.flower``) with plain autograd."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from lightning_fedcluster.algorithms.base import LocalPlan
+from lightning_fedcluster.algorithms.base import Algorithm, ClientContext, ClientReport, LocalPlan
 from lightning_fedcluster.algorithms.schedule import derive_seed, epoch_batch
 from lightning_fedcluster.algorithms.seeds import FINETUNE_ORDER
 from lightning_fedcluster.engine import vectors
@@ -23,16 +28,83 @@ from lightning_fedcluster.engine.client import (
     prepare,
     train_metric_sums,
 )
+from lightning_fedcluster.engine.copies import ClusterCopies, local_optimizer
 from lightning_fedcluster.engine.losses import evaluate_models, per_sample_loss
-from lightning_fedcluster.engine.optimizer_state import load_state, read_state
+from lightning_fedcluster.engine.optimizer_state import StateLayout, load_state, read_state
+from lightning_fedcluster.engine.outputs import LogitsFrom
+from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.work_items import ClientStep
 
 if TYPE_CHECKING:
     from lightning_fedcluster.module import ClusteredModule
 
 
+class Copies(Protocol):
+    """What the local objective reads: the K models, their federated tensors, task, where the
+    logits are in the output, and device (a ``ClusteredModule`` or a ``LocalSetup``)."""
+
+    models: nn.ModuleList
+    copies: ClusterCopies
+    task: str
+    logits_from: LogitsFrom
+
+    @property
+    def device(self) -> torch.device: ...
+
+
+@dataclass
+class LocalSetup:
+    """What every client's turn shares, without a Trainer: the K working copies, the rule, the
+    task, the seed, the no-grad pass size, the local step plan (``batch_size`` with
+    ``local_steps`` cycling, or ``local_epochs`` passes with optional ``drop_last``) and where
+    the logits are in the models' output (``logits_from``)."""
+
+    copies: ClusterCopies
+    rule: Algorithm
+    task: str
+    seed: int
+    pass_rows: int
+    batch_size: int
+    local_epochs: int | None
+    drop_last: bool
+    device: torch.device
+    logits_from: LogitsFrom = None
+
+    @property
+    def models(self) -> nn.ModuleList:
+        return self.copies.models
+
+
+@dataclass
+class LocalSolver:
+    """The local solver: one optimizer over the K copies (its state is the client's), how to zero
+    gradients, backpropagate and step, and the persistent-state layout (``optimizer_state="persist"``)."""
+
+    optimizer: torch.optim.Optimizer
+    zero_grad: Callable[[], Any]
+    backward: Callable[[Tensor], Any]
+    step: Callable[[], Any]
+    layout: StateLayout | None = None
+
+    @classmethod
+    def plain(cls, optimizer: torch.optim.Optimizer, layout: StateLayout | None = None) -> LocalSolver:
+        """Autograd and the optimizer itself (no Lightning)."""
+        return cls(optimizer, optimizer.zero_grad, lambda loss: loss.backward(), optimizer.step, layout)
+
+
+@dataclass
+class ClientTurn:
+    """One client's turn in progress: its plan (``work``), data, and minibatch permutation per
+    local epoch."""
+
+    work: ClientWork
+    x: Tensor
+    y: Tensor
+    orders: dict[int, Tensor] = field(default_factory=dict)
+
+
 def plan_loss(
-    module: ClusteredModule,
+    module: Copies,
     plan: LocalPlan,
     trained: Sequence[int],
     x: Tensor,
@@ -48,7 +120,7 @@ def plan_loss(
     for s, k in enumerate(plan.clusters):
         if k not in trained:
             continue
-        loss = per_sample_loss(module.models[k], x, y, module.task)
+        loss = per_sample_loss(module.models[k], x, y, module.task, None, module.logits_from)
         total = total + (loss if weights is None else weights[:, s] * loss).sum() / size
         if anchors is not None and plan.proximal:
             total = total + proximal_term(module, k, plan.proximal[s], anchors)
@@ -56,7 +128,7 @@ def plan_loss(
 
 
 def proximal_term(
-    module: ClusteredModule, k: int, pairs: Sequence[tuple[int, float]], anchors: list[list[Tensor]]
+    module: Copies, k: int, pairs: Sequence[tuple[int, float]], anchors: list[list[Tensor]]
 ) -> Tensor:
     """Σ (c/2)‖w_k − θ_anchor‖² over the parameters of working copy k."""
     params = module.copies.cluster_tensors(k)[: module.copies.num_params(k)]
@@ -70,14 +142,89 @@ def proximal_term(
     return total
 
 
+def start_turn(
+    setup: LocalSetup,
+    solver: LocalSolver,
+    round_state: RoundState,
+    x: Tensor,
+    y: Tensor,
+    context: ClientContext,
+    slot: int,
+    log_label_stats: Tensor | None,
+    stored: tuple[Tensor | None, Tensor | None] = (None, None),
+) -> ClientTurn:
+    """The round's global weights into the working copies, the client's optimizer state (fresh,
+    or ``stored`` (vector, started flags) with a persistent layout), its E-step pass and plan
+    (the client contract with one client), and its training metrics into the round's sums."""
+    client, round_index = context.client, context.round_index
+    torch.manual_seed(derive_seed(setup.seed, round_index, client))  # dropout etc.: rank-independent
+    setup.copies.load((round_state.global_clusters, round_state.global_shared))
+    if solver.layout is None:
+        solver.optimizer.state.clear()
+    else:
+        load_state(solver.optimizer, solver.layout, *stored)
+    losses, outputs = evaluate_models(setup.models, x, y, setup.task, setup.pass_rows, setup.logits_from)
+    offsets = torch.tensor([0, x.shape[0]])
+    (work,) = prepare(setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed)
+    work.order = work.order.to(setup.device)
+    weights = prediction_weights_per_row(setup.rule, [work], setup.device)
+    round_state.add_metrics(train_metric_sums(outputs, y, weights, setup.task))
+    return ClientTurn(work, x, y, {0: work.order})
+
+
+def turn_step(
+    setup: LocalSetup, solver: LocalSolver, turn: ClientTurn, step: int, anchors: list[list[Tensor]]
+) -> None:
+    """Local step ``step`` of the turn: one minibatch of the plan's loss, one optimizer step."""
+    work = turn.work
+    index = batch_index(setup, turn, step)
+    weights = None if work.sample_weights is None else work.sample_weights[index]
+    solver.zero_grad()
+    x, y = turn.x[index], turn.y[index]
+    total = plan_loss(setup, work.plan, work.trained, x, y, weights, index.shape[0], anchors)
+    if not bool(torch.isfinite(total)):
+        raise non_finite_error(work.context.round_index, work.client, f"at local step {step}")
+    solver.backward(total)
+    solver.step()
+
+
+def batch_index(setup: LocalSetup, turn: ClientTurn, step: int) -> Tensor:
+    """The rows of local step ``step``: with ``local_epochs``, the step's batch of its epoch's
+    permutation (partial last batch, reshuffled each epoch); with ``local_steps``, batches of
+    min(B, N) rows cycling through the round's permutation."""
+    work, n, batch = turn.work, turn.x.shape[0], setup.batch_size
+    if setup.local_epochs is None:
+        size = min(batch, n)
+        return work.order[(step * size + torch.arange(size, device=setup.device)) % n]
+    epoch, start, stop = epoch_batch(step, n, batch, setup.drop_last)
+    if epoch not in turn.orders:
+        order = minibatch_order(setup.seed, work.context.round_index, work.client, n, epoch)
+        turn.orders[epoch] = order.to(setup.device)
+    return turn.orders[epoch][start:stop]
+
+
+def finish_turn(
+    setup: LocalSetup, solver: LocalSolver, turn: ClientTurn, round_state: RoundState, report: ClientReport
+) -> None:
+    """The client's contributions into the round's sums, its report and its optimizer state."""
+    work = turn.work
+    parts = contributions(setup.rule, work, report)
+    for c in parts:
+        round_state.accumulate(c.target, setup.copies.cluster_tensors(c.source), c.weight)
+    if round_state.global_shared and parts:
+        round_state.accumulate_shared(setup.copies.shared_tensors(), float(work.stop - work.start))
+    round_state.record(work, report)
+    if solver.layout is not None:
+        vector, started = read_state(solver.optimizer, solver.layout, setup.copies.num_clusters)
+        round_state.record_optimizer(work.slot, vector, started)
+
+
 class LoopExecutor:
-    """Runs the work items (client, local step) of a round on the module's working copies."""
+    """Runs the work items (client, local step) of a round on the module's working copies: a
+    client's turn with Lightning's optimizer and ``manual_backward``."""
 
     def __init__(self) -> None:
-        self.work: ClientWork | None = None
-        self.orders: dict[int, Tensor] = {}  # the current client's permutation per local epoch
-        self.x: Tensor | None = None
-        self.y: Tensor | None = None
+        self.turn: ClientTurn | None = None
 
     def run_item(self, module: ClusteredModule, item: ClientStep) -> None:
         if item.step == 0:
@@ -89,111 +236,76 @@ class LoopExecutor:
             with module.timed("aggregation"):
                 self.finish_client(module)
 
-    def start_client(self, module: ClusteredModule, item: ClientStep) -> None:
-        """Global weights into the working copies, fresh optimizer state, the client's E-step pass
-        and plan (the client contract with one client)."""
-        client, round_index = item.client, item.round
-        assert module.client_state is not None and module.round is not None
-        torch.manual_seed(derive_seed(module.seed, round_index, client))  # dropout etc.: rank-independent
-        module.copies.load((module.round.global_clusters, module.round.global_shared))
-        state, layout = module.client_state, module.optimizer_layout
-        if layout is None:
-            module.optimizers().optimizer.state.clear()
-        else:
-            stored = state.optimizer.get(client)
-            load_state(module.optimizers().optimizer, layout, stored, state.optimizer_started[client])
-        x, y = module.split("train", client)
-        losses, outputs = evaluate_models(module.models, x, y, module.task, module.pass_rows)
-        context = module.client_context(client, round_index, x.shape[0])
-        offsets = torch.tensor([0, x.shape[0]])
-        (work,) = prepare(
-            module.rule, losses, y, offsets, [context], [item.slot], module.log_label_stats, module.seed
+    @staticmethod
+    def setup(module: ClusteredModule) -> LocalSetup:
+        strategy = module.trainer.strategy
+        return LocalSetup(
+            module.copies, module.rule, module.task, module.seed, module.pass_rows, module.batch_size,
+            strategy.local_epochs, strategy.drop_last, module.device, module.logits_from,
+        )  # fmt: skip
+
+    @staticmethod
+    def solver(module: ClusteredModule) -> LocalSolver:
+        optimizer = module.optimizers()
+        return LocalSolver(
+            optimizer.optimizer,
+            optimizer.zero_grad,
+            module.manual_backward,
+            optimizer.step,
+            module.optimizer_layout,
         )
-        work.order = work.order.to(module.device)
-        if work.plan.from_personal:
+
+    def start_client(self, module: ClusteredModule, item: ClientStep) -> None:
+        """The client contract's first half for one client (``start_turn``), then its personal
+        model into the trained copy when the plan asks."""
+        client, state, round_state = item.client, module.client_state, module.round
+        assert state is not None and round_state is not None
+        x, y = module.split("train", client)
+        context = module.client_context(client, item.round, x.shape[0])
+        stored = (state.optimizer.get(client), state.optimizer_started[client])
+        turn = start_turn(
+            self.setup(module), self.solver(module), round_state, x, y, context, item.slot,
+            module.log_label_stats, stored,
+        )  # fmt: skip
+        if turn.work.plan.from_personal:
             vectors.load_personal(
-                module.copies, module.rule, module.client_state, module.round.global_clusters, client, context
+                module.copies, module.rule, state, round_state.global_clusters, client, context
             )
-        weights = prediction_weights_per_row(module.rule, [work], module.device)
-        module.round.add_metrics(train_metric_sums(outputs, y, weights, module.task))
-        self.work, self.x, self.y = work, x, y
-        self.orders = {0: work.order}
+        self.turn = turn
 
     def local_step(self, module: ClusteredModule, item: ClientStep) -> None:
-        work, x_all, y_all = self.work, self.x, self.y
-        assert work is not None and x_all is not None and y_all is not None and work.client == item.client
-        index = self.batch_index(module, work, item.step, x_all.shape[0])
-        size = index.shape[0]
-        weights = None if work.sample_weights is None else work.sample_weights[index]
-        optimizer = module.optimizers()
-        optimizer.zero_grad()
-        assert module.round is not None
-        total = plan_loss(
-            module,
-            work.plan,
-            work.trained,
-            x_all[index],
-            y_all[index],
-            weights,
-            size,
-            module.round.global_clusters,
-        )
-        if not bool(torch.isfinite(total)):
-            raise non_finite_error(item.round, work.client, f"at local step {item.step}")
-        module.manual_backward(total)
-        optimizer.step()
-
-    def batch_index(self, module: ClusteredModule, work: ClientWork, step: int, n: int) -> Tensor:
-        """The rows of local step ``step``: with ``local_epochs``, the step's batch of its epoch's
-        permutation (partial last batch, reshuffled each epoch); with ``local_steps``, batches of
-        min(B, N) rows cycling through the round's permutation."""
-        strategy, batch = module.trainer.strategy, module.batch_size
-        if strategy.local_epochs is None:
-            size = min(batch, n)
-            return work.order[(step * size + torch.arange(size, device=module.device)) % n]
-        epoch, start, stop = epoch_batch(step, n, batch, strategy.drop_last)
-        if epoch not in self.orders:
-            self.orders[epoch] = minibatch_order(module.seed, work.context.round_index, work.client, n, epoch)
-            self.orders[epoch] = self.orders[epoch].to(module.device)
-        return self.orders[epoch][start:stop]
+        turn = self.turn
+        assert turn is not None and module.round is not None and turn.work.client == item.client
+        turn_step(self.setup(module), self.solver(module), turn, item.step, module.round.global_clusters)
 
     def finish_client(self, module: ClusteredModule) -> None:
         """The client's contributions into the round's sums, and its report."""
-        work, round_state = self.work, module.round
-        assert work is not None and round_state is not None
-        report = work.report
+        turn, round_state = self.turn, module.round
+        assert turn is not None and round_state is not None
+        work, report = turn.work, turn.work.report
         if module.rule.needs_model_distances:
             distances = vectors.distances(
                 module.copies, module.rule, round_state.global_clusters, work.plan.clusters[0]
             )
             report = module.rule.reassign(report, distances, work.context)
-        parts = contributions(module.rule, work, report)
-        for c in parts:
-            round_state.accumulate(c.target, module.copies.cluster_tensors(c.source), c.weight)
-        if round_state.global_shared and parts:
-            round_state.accumulate_shared(module.copies.shared_tensors(), float(work.stop - work.start))
-        round_state.record(work, report)
-        if module.optimizer_layout is not None:
-            optimizer = module.optimizers().optimizer
-            vector, started = read_state(optimizer, module.optimizer_layout, module.num_clusters)
-            round_state.record_optimizer(work.slot, vector, started)
+        finish_turn(self.setup(module), self.solver(module), turn, round_state, report)
         if round_state.vectors is not None:
             round_state.vectors["vectors"][work.slot] = vectors.round_vector(
                 module.copies, module.rule, module.client_state, round_state.global_clusters, work
             )
-        self.work = self.x = self.y = None
+        self.turn = None
 
 
 def finetune(module: ClusteredModule, client: int, epochs: int, log_label_stats: Tensor | None) -> Tensor:
     """FedRC-FT: ``epochs`` local epochs of the client's weighted M-step on the working copies
     (the caller restores them). Returns the client's ω from the E-step before fine-tuning."""
     x, y = module.split("train", client)
-    losses, _ = evaluate_models(module.models, x, y, module.task, module.pass_rows)
+    losses, _ = module.evaluate_clusters(x, y)
     context = module.client_context(client, -1, x.shape[0])
     report = module.rule.e_step(losses, y, context, log_label_stats)
     plan = module.rule.local_plan(report, context)
     weights = None if plan.sample_weights is None else plan.sample_weights.float()
-    optimizer = module.configure_optimizers()
+    optimizer = local_optimizer(module.models, module.trainer)
     size = min(module.batch_size, x.shape[0])
     generator = torch.Generator().manual_seed(derive_seed(module.seed, client, FINETUNE_ORDER))
     with torch.inference_mode(False), torch.enable_grad():

@@ -18,7 +18,9 @@ from lightning_fedcluster.algorithms.vectorized import (
     local_sgd,
     stack_models,
 )
+from lightning_fedcluster.engine.copies import local_optimizer
 from lightning_fedcluster.engine.losses import functional_loss
+from lightning_fedcluster.engine.outputs import logits_selector
 
 if TYPE_CHECKING:
     from lightning_fedcluster.module import ClusteredModule
@@ -53,7 +55,7 @@ def vectorized_obstacle(module: ClusteredModule) -> str | None:
     if random:
         return f"random layers ({', '.join(random)}) would draw other numbers than the loop executor"
     try:
-        SGDConfig.from_optimizer(module.configure_optimizers())
+        SGDConfig.from_optimizer(local_optimizer(module.models, module.trainer))
         functional_template(model)
     except (TypeError, ValueError, NotImplementedError) as error:
         return str(error)
@@ -79,6 +81,7 @@ def _dry_run(module: ClusteredModule, x: Tensor, y: Tensor) -> str | None:
             batch,
             SGDConfig(lr=0.0),
             loss_fn=functional_loss(model, module.task),
+            select=logits_selector(module.logits_from),
         )
     except Exception as error:  # noqa: BLE001 - any failure means: use the loop executor
         return f"torch.func cannot run {type(model).__name__} ({type(error).__name__}: {error})"

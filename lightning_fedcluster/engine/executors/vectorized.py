@@ -34,6 +34,7 @@ from lightning_fedcluster.engine.client import (
 )
 from lightning_fedcluster.engine.losses import functional_loss, model_outputs
 from lightning_fedcluster.engine.optimizer_state import momentum_offsets
+from lightning_fedcluster.engine.outputs import logits_selector
 from lightning_fedcluster.engine.work_items import ClientChunk
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class VectorizedExecutor:
         self.template = functional_template(model)
         self.eval_template = functional_template(model).eval()  # the E-step pass, as the loop's
         self.loss_fn = functional_loss(model, module.task)
-        self.config = SGDConfig.from_optimizer(module.optimizers().optimizer)
+        self.select = logits_selector(module.logits_from)
         self.names = [name for name, _ in model.named_parameters()]
         self._stacked: tuple[int, dict[str, Tensor], dict[str, Tensor]] | None = None
         self._momentum_offsets: dict[str, list[int]] | None = None
@@ -83,6 +84,7 @@ class VectorizedExecutor:
                 y,
                 loss_fn=self.loss_fn,
                 chunk_size=module.stacked_pass_rows,
+                select=self.select,
             )
             outputs = torch.stack([model_outputs(raw[k], module.task) for k in range(module.num_clusters)])
             contexts = [
@@ -146,8 +148,9 @@ class VectorizedExecutor:
             expand_clients(params, len(works)),
             buffers,
             batches,
-            self.config,
+            SGDConfig.from_optimizer(module.optimizers().optimizer),  # this round's scheduled lr
             loss_fn=self.loss_fn,
+            select=self.select,
             proximal=proximal.to(module.device) if uses_proximal else None,
             anchors=params if uses_proximal else None,
             momentum_init=momentum,

@@ -31,6 +31,16 @@ class RecordClients(pl.Callback):
             self.seen.append((batch.round, batch.client))
 
 
+class PlateauMLP(MLPClassifier):
+    """An MLP whose lr halves whenever the round's training loss does not rise: a schedule driven
+    by an all-reduced round metric, which every process must step alike."""
+
+    def configure_optimizers(self):  # noqa: ANN201
+        optimizer = super().configure_optimizers()
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": plateau, "monitor": "train/loss"}
+
+
 STRATEGIES = {
     "fedrc": lambda cpr: lf.FedRCStrategy(3, clients_per_round=cpr, local_steps=3),
     "fedrc_options": lambda cpr: lf.FedRCStrategy(
@@ -46,6 +56,13 @@ STRATEGIES = {
     "fedrc_persist": lambda cpr: lf.FedRCStrategy(
         3, clients_per_round=cpr, local_steps=3, optimizer_state="persist"
     ),
+    "fedrc_plateau": lambda cpr: lf.FedRCStrategy(3, clients_per_round=cpr, local_steps=3),
+    "fedrc_server_adam": lambda cpr: lf.FedRCStrategy(
+        3, clients_per_round=cpr, local_steps=3, server_optimizer="adam", server_lr=0.05
+    ),
+    "fedrc_reseed": lambda cpr: lf.FedRCStrategy(
+        3, clients_per_round=cpr, local_steps=3, reseed_threshold=0.34, optimizer_state="persist"
+    ),
     "fedem": lambda cpr: lf.FedEMStrategy(3, clients_per_round=cpr, local_steps=3),
     "dfedem": lambda cpr: lf.DFedEMStrategy(3, local_steps=3),
     "ifca": lambda cpr: lf.IFCAStrategy(3, clients_per_round=cpr, local_steps=3),
@@ -58,21 +75,11 @@ STRATEGIES = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--clients-per-round", type=int, default=10)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--strategy", default="fedrc", choices=sorted(STRATEGIES))
-    parser.add_argument("--executor", default="auto", choices=("auto", "loop", "vectorized"))
-    parser.add_argument("--clients-per-chunk", type=int, default=3)
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
+def train(name: str, executor: str, args: argparse.Namespace, out: str) -> None:
+    """Fit strategy ``name`` on the given executor, test it, and write its results under ``out``."""
     recorder = RecordClients()
-    strategy = STRATEGIES[args.strategy](args.clients_per_round)
-    strategy.executor, strategy.clients_per_chunk = args.executor, args.clients_per_chunk
+    strategy = STRATEGIES[name](args.clients_per_round)
+    strategy.executor, strategy.clients_per_chunk = executor, args.clients_per_chunk
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="cpu",
@@ -86,14 +93,15 @@ def main() -> None:
         callbacks=[recorder],
     )
     datamodule = DigitsFederated(num_clients=12, seed=0)
-    momentum = 0.5 if args.strategy == "fedrc_persist" else 0.0  # persistent state needs momentum
-    trainer.fit(MLPClassifier(lr=0.2, momentum=momentum), datamodule=datamodule)
+    momentum = 0.5 if name in ("fedrc_persist", "fedrc_reseed") else 0.0  # persistent state needs momentum
+    model_type = PlateauMLP if name == "fedrc_plateau" else MLPClassifier
+    trainer.fit(model_type(lr=0.2, momentum=momentum), datamodule=datamodule)
     metrics = trainer.test(trainer.lightning_module, datamodule=datamodule, verbose=False)[0]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"clients_rank{trainer.global_rank}.json"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"clients_rank{trainer.global_rank}.json"), "w") as f:
         json.dump(recorder.seen, f)
     if trainer.is_global_zero:
-        with open(os.path.join(args.out, "executor.txt"), "w") as f:
+        with open(os.path.join(out, "executor.txt"), "w") as f:
             f.write(trainer.lightning_module.executor)
         module = trainer.lightning_module
         torch.save(
@@ -101,9 +109,31 @@ def main() -> None:
                 "weights": module.state_dict(),
                 "client_state": module.client_state.state_dict(),
                 "metrics": metrics,
+                "server_optimizer": {} if module.server_optimizer is None else module.server_optimizer.state,
             },
-            os.path.join(args.out, "result.pt"),
+            os.path.join(out, "result.pt"),
         )
+
+
+def main() -> None:
+    """Train every run named by ``--runs`` (``strategy`` or ``strategy:executor``) one after the
+    other in this process (and its ranks), writing each under ``--out/<run>``: one process start
+    serves every strategy."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients-per-round", type=int, default=10)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--runs", nargs="+", default=["fedrc"])
+    parser.add_argument("--clients-per-chunk", type=int, default=3)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    for run in args.runs:
+        name, _, executor = run.partition(":")
+        if name not in STRATEGIES or executor not in ("", "auto", "loop", "vectorized"):
+            parser.error(f"unknown run {run!r}: use one of {sorted(STRATEGIES)}[:auto|loop|vectorized]")
+        train(name, executor or "auto", args, os.path.join(args.out, run.replace(":", "@")))
 
 
 if __name__ == "__main__":

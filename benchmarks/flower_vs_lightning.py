@@ -1,0 +1,87 @@
+"""Rounds per second of the Flower simulation (``lightning_fedcluster.flower``) against the
+Lightning engine (loop executor) on the same workload, which both train to the same weights.
+
+Workload: DigitsFederated, 30 clients (3 concepts), FedRC K=3, 10 clients per round, 5 local
+steps of batch 32, the library's MLP. The Flower run uses ``--supernodes`` simulated nodes in
+Flower's Ray runtime with ``--cpus`` CPUs. Steady-state rounds/s excludes the first round;
+"start + end" is the rest of the wall time (process start-up, Ray, the nodes' describe/export).
+
+    OMP_NUM_THREADS=1 python benchmarks/flower_vs_lightning.py --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+from _common import RoundTimer, command_line, machine_line, make_trainer, quiet, set_threads
+
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+
+
+def strategy() -> lf.FedRCStrategy:
+    return lf.FedRCStrategy(3, clients_per_round=10, local_steps=5, executor="loop", seed=0)
+
+
+def datamodule() -> DigitsFederated:
+    return DigitsFederated(num_clients=30, concepts=3, seed=0, batch_size=32)
+
+
+def lightning(rounds: int) -> tuple[list[float], float, dict]:
+    timer = RoundTimer()
+    start = time.perf_counter()
+    trainer = make_trainer(strategy(), rounds, validate=False, callbacks=[timer])
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=datamodule())
+    total = time.perf_counter() - start
+    return [r["round"] for r in timer.rounds], total, trainer.lightning_module.state_dict()
+
+
+def flower(rounds: int, supernodes: int, cpus: int) -> tuple[list[float], float, dict]:
+    from lightning_fedcluster.flower import FlowerApps
+    from lightning_fedcluster.flower.simulation import simulate_apps
+
+    apps = FlowerApps(
+        strategy(), MLPClassifier(lr=0.2), datamodule(), num_rounds=rounds, min_nodes=supernodes
+    )
+    start = time.perf_counter()
+    module = simulate_apps(apps, supernodes, num_cpus=cpus)
+    total = time.perf_counter() - start
+    assert apps.server is not None
+    return apps.server.round_seconds, total, module.state_dict()
+
+
+def row(name: str, seconds: list[float], total: float) -> str:
+    steady = seconds[1:] or seconds
+    mean = statistics.mean(steady)
+    overhead = total - sum(seconds)
+    return f"{name:<34}{1 / mean:>10.2f}{mean:>10.3f}{seconds[0]:>10.2f}{overhead:>14.1f}{total:>10.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--supernodes", type=int, default=2)
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    set_threads(1)
+    quiet()
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    light_rounds, light_total, light_weights = lightning(args.rounds)
+    flower_rounds, flower_total, flower_weights = flower(args.rounds, args.supernodes, args.cpus)
+    gap = max(float((flower_weights[k] - v).abs().max()) for k, v in light_weights.items())
+    print(machine_line())
+    print(f"command: {command_line()}")
+    print(f"{'':<34}{'rounds/s':>10}{'s/round':>10}{'round 1':>10}{'start + end':>14}{'total':>10}")
+    print(row("Lightning engine (loop)", light_rounds, light_total))
+    print(row(f"Flower simulation ({args.supernodes} nodes, {args.cpus} CPUs)", flower_rounds, flower_total))
+    print(f"max |weight difference| after {args.rounds} rounds: {gap:.2e}")
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    main()

@@ -1,0 +1,23 @@
+"""Deploy the library's strategies on Flower (``flwr`` >= 1.41, Message API).
+
+``FlowerApps`` builds a ``ServerApp`` that drives rounds with the library's own rules and server
+hooks, and a ``ClientApp`` that runs each node's clients through the same client contract as
+the Lightning loop executor; ``simulate`` runs both in Flower's simulation runtime and returns
+the trained ``ClusteredModule``. Needs the ``flower`` extra.
+"""
+
+from __future__ import annotations
+
+try:
+    import flwr  # noqa: F401
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'lightning_fedcluster.flower needs Flower: pip install "lightning-fedcluster[flower]"'
+    ) from error
+
+from lightning_fedcluster.flower.apps import FlowerApps
+from lightning_fedcluster.flower.node import NodeConfigError
+from lightning_fedcluster.flower.plan import TrainingPlan, check_supported
+from lightning_fedcluster.flower.simulation import simulate
+
+__all__ = ["FlowerApps", "NodeConfigError", "TrainingPlan", "check_supported", "simulate"]

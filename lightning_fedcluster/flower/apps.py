@@ -1,0 +1,165 @@
+"""``FlowerApps``: the ServerApp and ClientApp of one run, from the strategy, the user's
+LightningModule and the datamodule (instances, or zero-argument factories that each side calls:
+a deployment's app module builds them on the server and on every node)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from lightning_fedcluster.arguments import check_positive_int
+from lightning_fedcluster.flower.node import NodeFactory, NodeRuntime, built
+from lightning_fedcluster.flower.plan import TrainingPlan, check_supported, flower_optimizer
+from lightning_fedcluster.flower.server import FlowerServer
+
+# The nodes' runtimes of this process, per (run, node): models, data and solver are built once
+# per run (a simulation worker serves several nodes).
+_RUNTIMES: dict[tuple[int, int], NodeRuntime] = {}
+
+
+def clustered_module(strategy: Any, module: Any) -> Any:
+    """The ClusteredModule the Lightning engine would train (``FederatedStrategy.connect``)."""
+    from lightning_fedcluster.module import ClusteredModule
+
+    if isinstance(module, ClusteredModule):
+        return module
+    return ClusteredModule(
+        module,
+        strategy.num_clusters,
+        seed=strategy.seed,
+        shared_layers=strategy.shared_layers,
+        logits_from=strategy.logits_from,
+    )
+
+
+class FlowerApps:
+    """The two Flower apps of a run.
+
+    Args:
+        strategy: a library strategy (FedRC, FedEM, IFCA, FedAvg, FedProx), or a factory of one.
+        module: the user's LightningModule (or a ClusteredModule), or a factory of one.
+        datamodule: the FederatedDataModule whose clients the nodes hold (a factory in a
+            deployment: every node builds it and keeps its partition's clients), unused by the server.
+        num_rounds: rounds to run (a run config ``num-server-rounds`` overrides it).
+        round_timeout: seconds to wait for the nodes each round (run config ``round-timeout``);
+            None waits for every node. A node that fails or misses it is dropped and logged.
+        min_nodes: nodes to wait for before the first round (run config ``min-nodes``).
+        log_dir: TensorBoard directory of the round metrics (run config ``log-dir``).
+        save_path: where the server saves the global models, its client store and the round
+            metrics with ``torch.save`` after the last round (run config ``save-path``).
+        collect_client_state: after the last round, copy the nodes' client stores into the
+            returned module (``simulate`` does; a deployment keeps them on the nodes).
+    """
+
+    def __init__(
+        self,
+        strategy: Any,
+        module: Any,
+        datamodule: Any = None,
+        *,
+        num_rounds: int = 1,
+        round_timeout: float | None = None,
+        min_nodes: int = 1,
+        log_dir: str | None = None,
+        save_path: str | None = None,
+        collect_client_state: bool = False,
+    ) -> None:
+        check_positive_int("num_rounds", num_rounds)
+        check_positive_int("min_nodes", min_nodes)
+        if round_timeout is not None and not round_timeout > 0:
+            raise ValueError(f"round_timeout must be > 0 seconds or None, got {round_timeout!r}")
+        if not callable(strategy):
+            check_supported(strategy)
+        self.strategy, self.module, self.datamodule = strategy, module, datamodule
+        self.num_rounds, self.round_timeout, self.min_nodes = num_rounds, round_timeout, min_nodes
+        self.log_dir, self.save_path, self.collect_client_state = log_dir, save_path, collect_client_state
+        self.result: Any = None  # the trained ClusteredModule, once the ServerApp has run here
+        self.server: FlowerServer | None = None  # the last run's server (metrics, round times)
+
+    def _strategy(self) -> Any:
+        from lightning_fedcluster.strategies.federated import FederatedStrategy
+
+        return self.strategy if isinstance(self.strategy, FederatedStrategy) else self.strategy()
+
+    def run_server(self, grid: Grid, context: Context) -> Any:
+        """The ServerApp's main: every round, then the trained module (also in ``self.result``)."""
+        config = dict(context.run_config)
+        strategy = self._strategy()
+        timeout = config.get("round-timeout", self.round_timeout)
+        module = clustered_module(strategy, built(self.module))
+        flower_optimizer(module.models)  # refuses what the nodes cannot run, before any round
+        server = FlowerServer(
+            strategy,
+            module,
+            int(config.get("num-server-rounds", self.num_rounds)),
+            round_timeout=None if timeout in (None, 0) else float(timeout),
+            min_nodes=int(config.get("min-nodes", self.min_nodes)),
+            log_dir=config.get("log-dir", self.log_dir) or None,
+            collect_client_state=self.collect_client_state,
+            save_path=config.get("save-path", self.save_path) or None,
+        )
+        self.server = server
+        self.result = server.run(grid)
+        return self.result
+
+    def server_app(self) -> ServerApp:
+        app = ServerApp()
+
+        @app.main()
+        def main(grid: Grid, context: Context) -> None:
+            self.run_server(grid, context)
+
+        return app
+
+    def node_factory(self) -> NodeFactory:
+        """What the ClientApp ships to the nodes: the plan (built on the node from a factory)."""
+        from lightning_fedcluster.strategies.federated import FederatedStrategy
+
+        if isinstance(self.strategy, FederatedStrategy):
+            plan: Any = TrainingPlan.of(self.strategy)
+        else:
+            factory = self.strategy
+
+            def plan() -> TrainingPlan:
+                return TrainingPlan.of(factory())
+
+        if self.datamodule is None:
+            raise ValueError("FlowerApps needs a datamodule (or a factory of one) to build the ClientApp")
+        return NodeFactory(plan, self.module, self.datamodule)
+
+    def client_app(self) -> ClientApp:
+        return client_app(self.node_factory())
+
+
+def client_app(factory: NodeFactory) -> ClientApp:
+    """The ClientApp: ``query.describe`` (the node's clients), ``train`` (one round of its
+    sampled clients), ``query.export`` (its client store, when the server collects it)."""
+    app = ClientApp()
+
+    def runtime(context: Context) -> NodeRuntime:
+        key = (context.run_id, context.node_id)
+        for stale in [k for k in _RUNTIMES if k[0] != context.run_id]:
+            del _RUNTIMES[stale]  # one run at a time per process
+        if key not in _RUNTIMES:
+            _RUNTIMES[key] = factory.build(dict(context.node_config))
+        return _RUNTIMES[key]
+
+    @app.query("describe")
+    def describe(message: Message, context: Context) -> Message:
+        node = runtime(context)
+        node.check_run(int(message.content["config"]["num-clusters"]))
+        return Message(node.describe(), reply_to=message)
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        return Message(runtime(context).train(message.content, context), reply_to=message)
+
+    @app.query("export")
+    def export(message: Message, context: Context) -> Message:
+        content: RecordDict = runtime(context).export(message.content, context)
+        return Message(content, reply_to=message)
+
+    return app

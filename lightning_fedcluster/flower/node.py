@@ -1,0 +1,250 @@
+"""A Flower node (the ClientApp's side): the partition of the datamodule's clients it holds, the
+K working copies, and one round of its sampled clients through the client contract with the
+loop executor's own turn functions (``engine/executors/loop.py``).
+
+What stays on the node, in ``context.state``: every client's ω, label sums, algorithm state
+(FedRC-Adam γ and moments) and persistent optimizer state. What it sends: the float64 sums of
+its clients' weighted updates Σ w·(θ_local − θ_k) per cluster with their weights, the clients'
+ω and (noised, FedRC App. E) label sums, and the summed training metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+from torch import Tensor
+
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.schedule import local_steps_per_client
+from lightning_fedcluster.engine import server
+from lightning_fedcluster.engine.client import client_context
+from lightning_fedcluster.engine.executors.loop import (
+    LocalSetup,
+    LocalSolver,
+    finish_turn,
+    start_turn,
+    turn_step,
+)
+from lightning_fedcluster.engine.losses import pass_rows
+from lightning_fedcluster.engine.optimizer_state import persistent_layout
+from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.flower import records
+from lightning_fedcluster.flower.plan import TrainingPlan, flower_optimizer
+
+PARTITION_ID, NUM_PARTITIONS, NUM_CLUSTERS = "partition-id", "num-partitions", "num-clusters"
+STATE_KEY = "fedcluster.client_store"
+
+
+class NodeConfigError(ValueError):
+    """The node's ``--node-config`` does not fit the run."""
+
+
+def node_clients(node_config: dict[str, Any], num_clients: int) -> Tensor:
+    """The datamodule's clients this node holds: block ``partition-id`` of ``num-partitions``
+    consecutive blocks of the client ids."""
+    missing = [key for key in (PARTITION_ID, NUM_PARTITIONS) if key not in node_config]
+    if missing:
+        raise NodeConfigError(
+            f"node config lacks {' and '.join(repr(m) for m in missing)}: start the SuperNode with "
+            f"--node-config 'partition-id=<i> num-partitions=<n>' (which block of the datamodule's "
+            f"{num_clients} clients it holds)"
+        )
+    partition, parts = node_config[PARTITION_ID], node_config[NUM_PARTITIONS]
+    if not (isinstance(parts, int) and isinstance(partition, int) and 1 <= parts <= num_clients):
+        raise NodeConfigError(
+            f"node config num-partitions={parts!r} must be an integer between 1 and the datamodule's "
+            f"{num_clients} clients"
+        )
+    if not 0 <= partition < parts:
+        raise NodeConfigError(
+            f"node config partition-id={partition!r} must be between 0 and num-partitions - 1 = {parts - 1}"
+        )
+    return torch.arange(num_clients).tensor_split(parts)[partition]
+
+
+def check_num_clusters(node_config: dict[str, Any], num_clusters: int) -> None:
+    """A node may pin the number of clusters it agreed to (``num-clusters`` in its node config)."""
+    pinned = node_config.get(NUM_CLUSTERS)
+    if pinned is not None and pinned != num_clusters:
+        raise NodeConfigError(
+            f"node config num-clusters={pinned!r} but the run trains K={num_clusters} cluster models: "
+            "fix the SuperNode's --node-config or the strategy's num_clusters"
+        )
+
+
+def built(value: Any) -> Any:
+    """An instance as it is; a zero-argument factory (a class, a function) called."""
+    from torch import nn
+
+    return value if isinstance(value, nn.Module) or not callable(value) else value()
+
+
+@dataclass
+class NodeFactory:
+    """How a node builds its side of the run (picklable: Flower's simulation ships it to its
+    workers): the training plan, the user's LightningModule and the datamodule (instances or
+    zero-argument factories)."""
+
+    plan: TrainingPlan | Callable[[], TrainingPlan]
+    module: Any
+    datamodule: Any
+
+    def build(self, node_config: dict[str, Any]) -> NodeRuntime:
+        plan = self.plan if isinstance(self.plan, TrainingPlan) else self.plan()
+        return NodeRuntime(plan, built(self.module), built(self.datamodule), node_config)
+
+
+class NodeRuntime:
+    """A node's clients, working copies, solver and local setup (built once per run and node)."""
+
+    def __init__(self, plan: TrainingPlan, module: Any, datamodule: Any, node_config: dict[str, Any]) -> None:
+        from lightning_fedcluster.module import ClusteredModule
+
+        self.plan, self.datamodule = plan, datamodule
+        self.node_config = dict(node_config)
+        self.clients = node_clients(self.node_config, datamodule.num_clients)
+        check_num_clusters(self.node_config, plan.num_clusters)
+        if isinstance(module, ClusteredModule):
+            clustered = copy.deepcopy(module)
+        else:
+            clustered = ClusteredModule(
+                module,
+                plan.num_clusters,
+                seed=plan.seed,
+                shared_layers=plan.shared_layers,
+                logits_from=plan.logits_from,
+            )
+        self.task = getattr(datamodule, "task", "classification")
+        self.num_classes = datamodule.num_classes if self.task == "classification" else 0
+        self.copies = clustered.copies
+        sample = datamodule.train_split(int(self.clients[0]))[0][:2]
+        rows = pass_rows(clustered.models[0], sample, clustered.eval_batch_size)
+        self.setup = LocalSetup(
+            self.copies, plan.rule, self.task, plan.seed, rows,
+            datamodule.batch_size, plan.local_epochs, plan.drop_last, torch.device("cpu"),
+            clustered.logits_from,
+        )  # fmt: skip
+        optimizer = flower_optimizer(clustered.models)
+        layout = persistent_layout(clustered.models) if plan.optimizer_state == "persist" else None
+        self.solver = LocalSolver.plain(optimizer, layout)
+        sizes = datamodule.train_sizes
+        self.steps = local_steps_per_client(
+            sizes, datamodule.batch_size, plan.local_steps, plan.local_epochs, plan.drop_last
+        )
+        self.sizes = sizes[self.clients]
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), self.sizes.cumsum(0)])
+        self.row = {int(c): r for r, c in enumerate(self.clients.tolist())}
+
+    # -- the node's client store ---------------------------------------------------------------
+    def initial_state(self) -> ClientState:
+        state = ClientState.initial(len(self.clients), self.num_classes, self.plan.num_clusters)
+        state.extra.update(self.plan.rule.initial_extra(len(self.clients), int(self.sizes.sum())))
+        state.active = self.plan.rule.initial_active()
+        return state
+
+    def load_state(self, context: Context, active: Tensor) -> ClientState:
+        """The node's store, with the clusters the server removed since its last message removed
+        (ω and γ renormalised as the server's store was)."""
+        state = self.initial_state()
+        if STATE_KEY in context.state:
+            records.load_state(state, context.state[STATE_KEY])  # type: ignore[arg-type]
+        active = active.to(torch.bool)
+        if bool((state.active & ~active).any()):
+            state.remove_clusters(state.active & ~active)
+        return state
+
+    # -- messages ------------------------------------------------------------------------------
+    def check_run(self, num_clusters: int) -> None:
+        """The server's K must be the node's (its node config may pin it; its strategy has one)."""
+        check_num_clusters(self.node_config, num_clusters)
+        if num_clusters != self.plan.num_clusters:
+            raise NodeConfigError(
+                f"the server trains K={num_clusters} cluster models but this node's {self.plan.name} has "
+                f"num_clusters={self.plan.num_clusters}: run the same strategy on the server and the nodes"
+            )
+
+    def describe(self) -> RecordDict:
+        """What the server needs to schedule rounds: the node's clients and their sizes."""
+        info = ConfigRecord(
+            {
+                "clients": [int(c) for c in self.clients],
+                "sizes": [int(s) for s in self.sizes],
+                "num-clients": int(self.datamodule.num_clients),
+                "num-classes": int(self.num_classes),
+                "task": self.task,
+                "partition-id": int(self.node_config[PARTITION_ID]),
+            }
+        )
+        return RecordDict({"node": info})
+
+    def train(self, content: RecordDict, context: Context) -> RecordDict:
+        """One round of the node's sampled clients; the node's summed updates and reports."""
+        config = content["config"]
+        round_index, clients = int(config["round"]), [int(c) for c in config["clients"]]
+        self.check_run(int(config["num-clusters"]))
+        unknown = [c for c in clients if c not in self.row]
+        if unknown:
+            raise NodeConfigError(
+                f"the server sent clients {unknown}, which this node's partition does not hold"
+            )
+        tensors = records.from_record(content["globals"])
+        snapshot = records.tensors_snapshot(tensors, self.plan.num_clusters)
+        info = records.from_record(content["server"])
+        state = self.load_state(context, info["active"])
+        log_label_stats = info.get("log_label_stats")
+        rows = torch.tensor([self.row[c] for c in clients], dtype=torch.long)
+        layout = self.solver.layout
+        round_state = RoundState(
+            round_index, rows, self.sizes[rows], snapshot, self.plan.rule, state, self.num_classes, 0,
+            self.setup.device, optimizer_size=None if layout is None else layout.size,
+        )  # fmt: skip
+        self.copies.models.train()
+        for slot, (client, row) in enumerate(zip(clients, rows.tolist(), strict=True)):
+            self.train_client(round_state, state, client, row, slot, log_label_stats)
+        server.record_round(self.plan.rule, state, round_state, self.offsets)
+        context.state[STATE_KEY] = records.state_record(state)
+        return self.reply(round_state, clients)
+
+    def train_client(
+        self,
+        round_state: RoundState,
+        state: ClientState,
+        client: int,
+        row: int,
+        slot: int,
+        log_label_stats: Tensor | None,
+    ) -> None:
+        x, y = self.datamodule.train_split(client)
+        context = client_context(
+            self.plan.rule, state, client, round_state.round_index, num_samples=x.shape[0],
+            num_classes=self.num_classes, sample_rows=(int(self.offsets[row]), int(self.offsets[row + 1])),
+            seed=self.plan.seed, device=self.setup.device, row=row,
+        )  # fmt: skip
+        stored = (state.optimizer.get(row), state.optimizer_started[row])
+        turn = start_turn(self.setup, self.solver, round_state, x, y, context, slot, log_label_stats, stored)
+        for step in range(int(self.steps[client])):
+            turn_step(self.setup, self.solver, turn, step, round_state.global_clusters)
+        finish_turn(self.setup, self.solver, turn, round_state, turn.work.report)
+
+    @staticmethod
+    def reply(round_state: RoundState, clients: list[int]) -> RecordDict:
+        deltas = records.snapshot_tensors((round_state.delta_sum, round_state.delta_shared))
+        report = {
+            "clients": torch.tensor(clients, dtype=torch.long),
+            "omega": round_state.report["omega"],
+            "label_sums": round_state.report["label_sums"],
+            "weights": round_state.report["weights"],
+            "metrics": round_state.report["metrics"],
+        }
+        return RecordDict({"update": records.to_record(deltas), "report": records.to_record(report)})
+
+    def export(self, content: RecordDict, context: Context) -> RecordDict:
+        """The node's client store (simulation only: ``simulate`` returns every client's state)."""
+        state = self.load_state(context, records.from_record(content["server"])["active"])
+        extra = {"clients": self.clients.clone()}
+        return RecordDict({"store": records.state_record(state), "node": records.to_record(extra)})

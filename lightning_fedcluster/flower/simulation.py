@@ -1,0 +1,54 @@
+"""``simulate``: a run in Flower's own simulation runtime on this machine."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning_fedcluster.arguments import check_positive_int
+from lightning_fedcluster.flower.apps import FlowerApps
+
+
+def simulate(
+    strategy: Any,
+    module: Any,
+    datamodule: Any,
+    num_rounds: int,
+    num_supernodes: int,
+    *,
+    log_dir: str | None = None,
+    num_cpus: int | None = None,
+) -> Any:
+    """Train ``module`` with ``strategy`` for ``num_rounds`` rounds on ``num_supernodes`` simulated
+    Flower nodes, each holding one block of the datamodule's clients, and return the trained
+    ``ClusteredModule`` with every client's state. With the same seed and schedule its weights
+    equal the Lightning engine's (``executor="loop"``) to float summation order.
+
+    ``num_cpus``: CPUs Flower's Ray backend may use (default: all); each node's ClientApp takes one.
+    """
+    check_positive_int("num_rounds", num_rounds)
+    check_positive_int("num_supernodes", num_supernodes)
+    if num_supernodes > datamodule.num_clients:
+        raise ValueError(
+            f"num_supernodes={num_supernodes} exceeds the datamodule's {datamodule.num_clients} clients: "
+            "every node must hold at least one client"
+        )
+    strategy.check_datamodule(datamodule)
+    apps = FlowerApps(
+        strategy, module, datamodule, num_rounds=num_rounds, min_nodes=num_supernodes, log_dir=log_dir,
+        collect_client_state=True,
+    )  # fmt: skip
+    return simulate_apps(apps, num_supernodes, num_cpus=num_cpus)
+
+
+def simulate_apps(apps: FlowerApps, num_supernodes: int, *, num_cpus: int | None = None) -> Any:
+    """Run the ServerApp and ClientApp of ``apps`` in Flower's simulation runtime (Ray) on
+    ``num_supernodes`` nodes; the trained module (``apps.server`` keeps the run's metrics)."""
+    from flwr.simulation import run_simulation
+
+    init_args: dict[str, Any] = {"num_cpus": num_cpus or os.cpu_count() or 1, "log_to_driver": False}
+    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
+    run_simulation(apps.server_app(), apps.client_app(), num_supernodes, backend_config=backend)
+    if apps.result is None:
+        raise RuntimeError("the Flower simulation ended before its ServerApp returned a model")
+    return apps.result

@@ -1,0 +1,87 @@
+"""An in-process Flower ``Grid`` for fast tests: it hands each message straight to the
+ClientApp of its node (one ``Context`` per node, kept across rounds, as a SuperNode keeps it),
+turns a ClientApp exception into an error reply as Flower does, and can make a node fail:
+``"silent"`` (a disconnect: no reply) or ``"unavailable"`` (the error reply the SuperLink itself
+signs when a node stops sending heartbeats)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+
+RUN_IDS = itertools.count(1)
+
+
+class LocalGrid(Grid):
+    def __init__(
+        self,
+        client_app: Callable[[Message, Context], Message],
+        node_configs: list[dict],
+        fault: Callable[[int, Message], str | None] | None = None,
+    ) -> None:
+        self.app = client_app
+        self.run_id = next(RUN_IDS)
+        self.contexts = {
+            100 + i: Context(
+                run_id=self.run_id, node_id=100 + i, node_config=config, state=RecordDict(), run_config={}
+            )
+            for i, config in enumerate(node_configs)
+        }
+        self.fault = fault or (lambda node, message: None)
+        self._run = None
+
+    def set_run(self, run) -> None:
+        self._run = run
+
+    @property
+    def run(self):
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        replies = []
+        for number, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = (
+                f"{self.run_id}.{id(message)}.{number}"  # as a push does
+            )
+            node = message.metadata.dst_node_id
+            fault = self.fault(node, message)
+            if fault == "silent":
+                continue
+            if fault == "unavailable":
+                reply = Message(Error(code=3, reason="node unavailable"), reply_to=message)
+                reply.metadata.__dict__["_src_node_id"] = 0  # SUPERLINK_NODE_ID
+                replies.append(reply)
+                continue
+            try:
+                replies.append(self.app(message, self.contexts[node]))
+            except Exception as error:  # Flower reports a ClientApp's exception as an error reply
+                replies.append(
+                    Message(Error(code=0, reason=f"{type(error).__name__}: {error}"), reply_to=message)
+                )
+        return replies
+
+
+def run_local(apps, node_configs: list[dict], fault=None):
+    """Run ``apps``'s server on a LocalGrid with one node per config; the trained module."""
+    grid = LocalGrid(apps.client_app(), node_configs, fault)
+    context = Context(run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    return apps.run_server(grid, context), grid
+
+
+def partitions(n: int) -> list[dict]:
+    return [{"partition-id": i, "num-partitions": n} for i in range(n)]

@@ -1,0 +1,113 @@
+"""The Flower apps train exactly what the Lightning engine trains (executor="loop", same seed
+and schedule): global weights, the server's client store and the nodes' client state (ω, label
+sums, FedRC-Adam γ, persistent momentum), to float summation order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lightning_fedcluster as lf
+from lightning_fedcluster.flower import FlowerApps, simulate
+from tests.conftest import make_trainer
+from tests.flower import workload
+from tests.flower.local_grid import partitions, run_local
+
+
+def lightning_run(name: str):
+    trainer = make_trainer(workload.STRATEGIES[name](), max_epochs=workload.ROUNDS, limit_val_batches=0)
+    trainer.fit(workload.make_module(), datamodule=workload.make_datamodule())
+    return trainer.lightning_module
+
+
+def assert_same_training(flower, lightning) -> None:
+    expected = lightning.state_dict()
+    assert set(flower.state_dict()) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(flower.state_dict()[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+    got, want = flower.client_state.state_dict(), lightning.client_state.state_dict()
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name].to(tensor.dtype), tensor, rtol=1e-6, atol=1e-7, msg=name)
+    assert flower.round_metrics["train/clients"] == lightning.round_metrics["train/clients"]
+    assert flower.round_metrics["train/loss"] == pytest.approx(
+        lightning.round_metrics["train/loss"], rel=1e-6
+    )
+
+
+def test_flower_simulation_equals_the_lightning_engine_fedrc(simulated_fedrc):
+    reference = lightning_run("fedrc")
+    assert_same_training(simulated_fedrc, reference)
+    assert not bool(simulated_fedrc.client_state.active.all()), "the run should exercise cluster removal"
+    assert simulated_fedrc.client_state.optimizer, "persistent momentum comes back from the nodes"
+
+
+@pytest.mark.parametrize("name", ["fedem", "ifca", "fedavg", "fedrc_shared"])
+def test_flower_apps_equal_the_lightning_engine(name, task_identity):
+    """The same ServerApp and ClientApp on an in-process grid (3 nodes)."""
+    apps = FlowerApps(
+        workload.STRATEGIES[name], workload.make_module, workload.make_datamodule,
+        num_rounds=workload.ROUNDS, collect_client_state=True,
+    )  # fmt: skip
+    flower, _ = run_local(apps, partitions(3))
+    assert_same_training(flower, lightning_run(name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fedem", "ifca", "fedavg"])
+def test_flower_simulation_equals_the_lightning_engine(name):
+    flower = simulate(
+        workload.STRATEGIES[name](), workload.make_module(), workload.make_datamodule(),
+        num_rounds=workload.ROUNDS, num_supernodes=2, num_cpus=1,
+    )  # fmt: skip
+    assert_same_training(flower, lightning_run(name))
+
+
+def test_the_returned_module_tests_like_the_lightning_trained_one(task_identity):
+    apps = FlowerApps(
+        workload.STRATEGIES["fedem"], workload.make_module, workload.make_datamodule,
+        num_rounds=workload.ROUNDS, collect_client_state=True,
+    )  # fmt: skip
+    flower, _ = run_local(apps, partitions(2))
+    lightning = lightning_run("fedem")
+    scores = [
+        make_trainer(workload.STRATEGIES["fedem"](), max_epochs=1).test(
+            module, datamodule=workload.make_datamodule(), verbose=False
+        )[0]
+        for module in (flower, lightning)
+    ]
+    assert scores[0] == pytest.approx(scores[1], rel=1e-5) and "test/global_acc" in scores[0]
+
+
+class DictOutputMLP(workload.MomentumMLP):
+    """A forward returning a dict, as many Lightning modules do: the logits under "logits"."""
+
+    def forward(self, x):
+        return {"logits": super().forward(x), "features": x.flatten(1)}
+
+
+def test_a_dict_forward_with_logits_from_trains_as_on_lightning(task_identity):
+    def strategy():
+        return lf.FedRCStrategy(
+            2, local_steps=2, logits_from="logits", optimizer_state="persist", executor="loop"
+        )
+
+    apps = FlowerApps(
+        strategy, DictOutputMLP, workload.make_datamodule, num_rounds=2, collect_client_state=True
+    )
+    flower, _ = run_local(apps, partitions(2))
+    trainer = make_trainer(strategy(), max_epochs=2, limit_val_batches=0)
+    trainer.fit(DictOutputMLP(), datamodule=workload.make_datamodule())
+    assert_same_training(flower, trainer.lightning_module)
+
+
+class ScheduledMLP(workload.MomentumMLP):
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+
+
+def test_lr_schedulers_are_refused_before_any_round(task_identity):
+    apps = FlowerApps(workload.STRATEGIES["fedavg"], ScheduledMLP, workload.make_datamodule, num_rounds=1)
+    with pytest.raises(NotImplementedError, match="returns an LR scheduler, which the Flower"):
+        run_local(apps, partitions(2))

@@ -1,0 +1,126 @@
+"""Node failures, bad node configuration, unsupported strategies and the server's TensorBoard
+log, on an in-process grid running the real ServerApp and ClientApp code."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import lightning_fedcluster as lf
+from lightning_fedcluster.flower import FlowerApps
+from tests.flower import workload
+from tests.flower.local_grid import partitions, run_local
+
+NODE_B = 101  # partition 1 of 2: clients 3, 4, 5
+
+
+def fedavg_apps(**options) -> FlowerApps:
+    return FlowerApps(
+        workload.STRATEGIES["fedavg"], workload.make_module, workload.make_datamodule, **options
+    )
+
+
+@pytest.mark.parametrize("fault", ["silent", "unavailable"])
+def test_a_node_that_disconnects_mid_run_is_dropped_and_logged(task_identity, caplog, fault):
+    rounds = []
+
+    def disconnect(node: int, message) -> str | None:  # node B answers round 0, then goes away
+        if message.metadata.message_type == "train" and node == NODE_B:
+            rounds.append(int(message.metadata.group_id))
+            return fault if int(message.metadata.group_id) >= 1 else None
+        return None
+
+    with caplog.at_level(logging.WARNING, logger="lightning_fedcluster.flower"):
+        module, _ = run_local(fedavg_apps(num_rounds=3), partitions(2), disconnect)
+    schedule = workload.STRATEGIES["fedavg"]().round_schedule(workload.make_datamodule())
+    b_clients = [[c for c in schedule.clients(r).tolist() if c >= 3] for r in range(3)]
+    assert rounds == [0, 1], "a lost node is not asked again"
+    reason = "failed (no reply" if fault == "silent" else "failed (node unavailable)"
+    assert caplog.text.count(reason) == 1 and caplog.text.count("failed (") == 1
+    assert "dropped from this round's aggregation" in caplog.text and "left out" in caplog.text
+    assert module.round_metrics["train/clients"] == len(schedule.clients(2)) - len(b_clients[2])
+    assert all(bool(torch.isfinite(t).all()) for t in module.state_dict().values())
+    seen = module.client_state.seen
+    assert seen[b_clients[0]].all() and not seen[[c for c in range(3, 6) if c not in b_clients[0]]].any()
+
+
+def test_a_node_whose_clientapp_fails_is_dropped(task_identity, caplog):
+    def corrupt(node: int, message) -> None:
+        if message.metadata.message_type == "train" and node == NODE_B:
+            message.content["config"]["clients"] = [0]  # a client B does not hold: B's ClientApp raises
+
+    with caplog.at_level(logging.WARNING, logger="lightning_fedcluster.flower"):
+        module, _ = run_local(fedavg_apps(num_rounds=2), partitions(2), corrupt)
+    assert "which this node's partition does not hold" in caplog.text
+    assert not module.client_state.seen[3:].any() and module.client_state.seen[:3].any()
+
+
+@pytest.mark.parametrize(
+    ("configs", "message"),
+    [
+        ([{"num-partitions": 2}, {"partition-id": 1, "num-partitions": 2}], "lacks 'partition-id'"),
+        ([{"partition-id": 0}], "lacks 'num-partitions'"),
+        ([{"partition-id": 2, "num-partitions": 2}], "partition-id=2 must be between 0 and"),
+        (
+            [{"partition-id": 0, "num-partitions": 2, "num-clusters": 2}],
+            "num-clusters=2 but the run trains K=3",
+        ),
+        ([{"partition-id": 0, "num-partitions": 2}], "no connected node holds clients [3, 4, 5]"),
+        ([{"partition-id": 0, "num-partitions": 2}] * 2, "give every SuperNode its own partition-id"),
+    ],
+)
+def test_bad_node_config_fails_before_training_with_a_named_message(task_identity, configs, message):
+    apps = FlowerApps(workload.fedrc_strategy, workload.make_module, workload.make_datamodule)
+    with pytest.raises(RuntimeError) as error:
+        run_local(apps, configs)
+    assert message in str(error.value)
+
+
+def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
+    apps = FlowerApps(workload.fedrc_strategy, workload.make_module, workload.make_datamodule)
+    apps.node_factory = lambda: FlowerApps(  # the nodes' app builds FedRC with K=2
+        lambda: lf.FedRCStrategy(2), workload.make_module, workload.make_datamodule
+    ).node_factory()
+    with pytest.raises(
+        RuntimeError, match="the server trains K=3 cluster models but this node's FedRCStrategy"
+    ):
+        run_local(apps, partitions(2))
+
+
+@pytest.mark.parametrize(
+    ("strategy", "named"),
+    [
+        (lambda: lf.FedSoftStrategy(2), "FedSoftStrategy (FedSoft) is not supported on Flower yet: it keeps"),
+        (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy"),
+        (lambda: lf.CFLStrategy(4), "CFLStrategy (CFL) is not supported on Flower yet"),
+        (lambda: lf.FeSEMStrategy(2), "FeSEMStrategy (FeSEM) is not supported on Flower yet: it reassigns"),
+        (lambda: lf.FedRCStrategy(2, finetune_epochs=1), "finetune_epochs (FedRC-FT)"),
+    ],
+)
+def test_unsupported_strategies_fail_early_naming_the_algorithm(strategy, named):
+    with pytest.raises(NotImplementedError, match="Supported: FedRCStrategy") as error:
+        FlowerApps(strategy(), workload.make_module(), workload.make_datamodule())
+    assert named in str(error.value)
+
+
+def test_server_logs_the_lightning_round_metrics_to_tensorboard(task_identity, tmp_path):
+    run_local(fedavg_apps(num_rounds=3, log_dir=str(tmp_path)), partitions(2))
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    for tag in ("train/loss", "train/acc", "train/clients", "clusters/active"):
+        assert [e.step for e in events.Scalars(tag)] == [1, 2, 3], tag
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses[-1] < losses[0]
+
+
+def test_importing_without_flower_names_the_extra(monkeypatch):
+    for name in [n for n in sys.modules if n.startswith("lightning_fedcluster.flower")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "flwr", None)
+    with pytest.raises(ImportError, match=r'pip install "lightning-fedcluster\[flower\]"'):
+        importlib.import_module("lightning_fedcluster.flower")

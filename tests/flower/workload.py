@@ -1,0 +1,42 @@
+"""The tiny federation every Flower test trains: 6 digit clients with 2 concepts, 3 rounds.
+Importable by a deployed Flower app (the factories take no arguments)."""
+
+from __future__ import annotations
+
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+
+ROUNDS = 3
+STRATEGIES = {
+    # Every client-side state the Flower node keeps: FedRC-Adam γ, persistent momentum, label
+    # noise; cluster removal on the server; 4 of 6 clients a round.
+    "fedrc": lambda: lf.FedRCStrategy(
+        3, clients_per_round=4, local_steps=2, adam_gamma=True, label_noise_std=0.1,
+        removal_threshold=0.33, optimizer_state="persist", executor="loop",
+    ),
+    "fedem": lambda: lf.FedEMStrategy(2, local_epochs=1, executor="loop"),
+    "ifca": lambda: lf.IFCAStrategy(2, local_steps=3, executor="loop"),
+    "fedavg": lambda: lf.FedAvgStrategy(clients_per_round=5, local_steps=2, executor="loop"),
+    # One shared feature layer, K heads: the nodes also send the shared layers' update.
+    "fedrc_shared": lambda: lf.FedRCStrategy(2, shared_layers=("net.0",), local_steps=2, executor="loop"),
+}  # fmt: skip
+
+
+class MomentumMLP(MLPClassifier):
+    def configure_optimizers(self):
+        import torch
+
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def make_module() -> MLPClassifier:
+    return MomentumMLP()
+
+
+def make_datamodule() -> DigitsFederated:
+    return DigitsFederated(num_clients=6, concepts=2, seed=0, batch_size=16)
+
+
+def fedrc_strategy() -> lf.FedRCStrategy:
+    return STRATEGIES["fedrc"]()
