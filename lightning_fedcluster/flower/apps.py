@@ -90,7 +90,7 @@ class FlowerApps:
         strategy = self._strategy()
         timeout = config.get("round-timeout", self.round_timeout)
         module = clustered_module(strategy, built(self.module))
-        flower_optimizer(module.models)  # refuses what the nodes cannot run, before any round
+        flower_optimizer(module.models)  # a module without a usable local solver fails here
         server = FlowerServer(
             strategy,
             module,
@@ -136,7 +136,8 @@ class FlowerApps:
 
 def client_app(factory: NodeFactory) -> ClientApp:
     """The ClientApp: ``query.describe`` (the node's clients), ``train`` (one round of its
-    sampled clients), ``query.export`` (its client store, when the server collects it)."""
+    sampled clients), ``query.estimate`` (an estimation pass over its clients: FedSoft),
+    ``query.export`` (its client store, when the server collects it)."""
     app = ClientApp()
 
     def runtime(context: Context) -> NodeRuntime:
@@ -156,6 +157,10 @@ def client_app(factory: NodeFactory) -> ClientApp:
     @app.train()
     def train(message: Message, context: Context) -> Message:
         return Message(runtime(context).train(message.content, context), reply_to=message)
+
+    @app.query("estimate")
+    def estimate(message: Message, context: Context) -> Message:
+        return Message(runtime(context).estimate(message.content, context), reply_to=message)
 
     @app.query("export")
     def export(message: Message, context: Context) -> Message:

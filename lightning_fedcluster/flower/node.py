@@ -3,9 +3,10 @@ K working copies, and one round of its sampled clients through the client contra
 loop executor's own turn functions (``engine/executors/loop.py``).
 
 What stays on the node, in ``context.state``: every client's ω, label sums, algorithm state
-(FedRC-Adam γ and moments) and persistent optimizer state. What it sends: the float64 sums of
-its clients' weighted updates Σ w·(θ_local − θ_k) per cluster with their weights, the clients'
-ω and (noised, FedRC App. E) label sums, and the summed training metrics.
+(FedRC-Adam γ and moments), persistent optimizer state and FedSoft personal model. What it
+sends: the float64 sums of its clients' weighted updates Σ w·(θ_local − θ_k) per cluster with
+their weights, the clients' ω and (noised, FedRC App. E) label sums, and the summed training
+metrics; for an estimation pass, its clients' estimates (FedSoft's importance weights).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.schedule import local_steps_per_client
-from lightning_fedcluster.engine import server
+from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.executors.loop import (
     LocalSetup,
@@ -30,11 +31,11 @@ from lightning_fedcluster.engine.executors.loop import (
     start_turn,
     turn_step,
 )
-from lightning_fedcluster.engine.losses import pass_rows
+from lightning_fedcluster.engine.losses import evaluate_models, pass_rows
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.flower import records
-from lightning_fedcluster.flower.plan import TrainingPlan, flower_optimizer
+from lightning_fedcluster.flower.plan import TrainingPlan, flower_optimizer, set_round_hyperparameters
 
 PARTITION_ID, NUM_PARTITIONS, NUM_CLUSTERS = "partition-id", "num-partitions", "num-clusters"
 STATE_KEY = "fedcluster.client_store"
@@ -124,6 +125,7 @@ class NodeRuntime:
         self.copies = clustered.copies
         sample = datamodule.train_split(int(self.clients[0]))[0][:2]
         rows = pass_rows(clustered.models[0], sample, clustered.eval_batch_size)
+        self.pass_rows, self.logits_from = rows, clustered.logits_from
         self.setup = LocalSetup(
             self.copies, plan.rule, self.task, plan.seed, rows,
             datamodule.batch_size, plan.local_epochs, plan.drop_last, torch.device("cpu"),
@@ -195,14 +197,20 @@ class NodeRuntime:
         tensors = records.from_record(content["globals"])
         snapshot = records.tensors_snapshot(tensors, self.plan.num_clusters)
         info = records.from_record(content["server"])
+        set_round_hyperparameters(
+            self.solver.optimizer, {k: v for k, v in info.items() if k.startswith("hyper.")}
+        )
         state = self.load_state(context, info["active"])
         log_label_stats = info.get("log_label_stats")
         rows = torch.tensor([self.row[c] for c in clients], dtype=torch.long)
+        take_pushed(state, info, rows)
         layout = self.solver.layout
         round_state = RoundState(
-            round_index, rows, self.sizes[rows], snapshot, self.plan.rule, state, self.num_classes, 0,
-            self.setup.device, optimizer_size=None if layout is None else layout.size,
+            round_index, rows, self.sizes[rows], snapshot, self.plan.rule, state, self.num_classes,
+            vectors.vector_size(self.copies, self.plan.rule, state), self.setup.device,
+            optimizer_size=None if layout is None else layout.size,
         )  # fmt: skip
+        round_state.membership = info.get("membership")
         self.copies.models.train()
         for slot, (client, row) in enumerate(zip(clients, rows.tolist(), strict=True)):
             self.train_client(round_state, state, client, row, slot, log_label_stats)
@@ -223,13 +231,20 @@ class NodeRuntime:
         context = client_context(
             self.plan.rule, state, client, round_state.round_index, num_samples=x.shape[0],
             num_classes=self.num_classes, sample_rows=(int(self.offsets[row]), int(self.offsets[row + 1])),
-            seed=self.plan.seed, device=self.setup.device, row=row,
+            seed=self.plan.seed, device=self.setup.device, row=row, membership=round_state.membership,
         )  # fmt: skip
         stored = (state.optimizer.get(row), state.optimizer_started[row])
         turn = start_turn(self.setup, self.solver, round_state, x, y, context, slot, log_label_stats, stored)
+        rule, clusters = self.plan.rule, round_state.global_clusters
+        if turn.work.plan.from_personal:  # FedSoft: the node's personal model of this client
+            vectors.load_personal(self.copies, rule, state, clusters, row, context)
         for step in range(int(self.steps[client])):
-            turn_step(self.setup, self.solver, turn, step, round_state.global_clusters)
+            turn_step(self.setup, self.solver, turn, step, clusters)
         finish_turn(self.setup, self.solver, turn, round_state, turn.work.report)
+        if round_state.vectors is not None:  # kept on the node by record_round, never sent
+            round_state.vectors["vectors"][slot] = vectors.round_vector(
+                self.copies, rule, state, clusters, turn.work
+            )
 
     @staticmethod
     def reply(round_state: RoundState, clients: list[int]) -> RecordDict:
@@ -243,8 +258,39 @@ class NodeRuntime:
         }
         return RecordDict({"update": records.to_record(deltas), "report": records.to_record(report)})
 
+    @torch.no_grad()
+    def estimate(self, content: RecordDict, context: Context) -> RecordDict:
+        """An estimation pass (FedSoft's importance): ``rule.estimate`` of every client of the node
+        on its training losses under the K global models."""
+        self.copies.load(
+            records.tensors_snapshot(records.from_record(content["globals"]), self.plan.num_clusters)
+        )
+        active = records.from_record(content["server"])["active"].to(torch.bool)
+        estimates = torch.zeros(len(self.clients), self.plan.num_clusters, dtype=torch.float64)
+        for row, client in enumerate(self.clients.tolist()):
+            x, y = self.datamodule.train_split(client)
+            losses = evaluate_models(self.copies.models, x, y, self.task, self.pass_rows, self.logits_from)[0]
+            estimates[row] = self.plan.rule.estimate(losses, active)
+        found = {"clients": self.clients.clone(), "estimates": estimates}
+        return RecordDict({"estimates": records.to_record(found)})
+
     def export(self, content: RecordDict, context: Context) -> RecordDict:
         """The node's client store (simulation only: ``simulate`` returns every client's state)."""
         state = self.load_state(context, records.from_record(content["server"])["active"])
         extra = {"clients": self.clients.clone()}
         return RecordDict({"store": records.state_record(state), "node": records.to_record(extra)})
+
+
+def take_pushed(state: ClientState, info: dict[str, Tensor], rows: Tensor) -> None:
+    """The client-store entries the server's actions own (``store.<name>``: FedSoft's importance,
+    ω after a Reassign), for this round's clients (``rows`` of the node's store)."""
+    for key, value in info.items():
+        if not key.startswith("store."):
+            continue
+        name = key.removeprefix("store.")
+        if name == "omega":
+            state.omega[rows] = value.to(state.omega.dtype)
+        elif value.dim() == 0:
+            state.extra[name] = value.to(state.extra[name].dtype).clone()
+        else:
+            state.extra[name][rows] = value.to(state.extra[name].dtype)

@@ -1,6 +1,7 @@
-"""What a Flower node needs of the strategy (a picklable summary), and which strategies run on
-Flower: those whose rounds need nothing but the client contract and server-side actions on the
-global models and ω (FedRC and its options, FedEM, IFCA, FedAvg/FedProx)."""
+"""What a Flower node needs of the strategy (a picklable summary), which strategies run on
+Flower (those whose rounds need nothing but the client contract, estimation passes and
+server-side actions on the global models and the client store: FedRC and its options, FedEM,
+IFCA, FedSoft, FedAvg/FedProx), and the LR schedule the server runs for the nodes."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import local_solver
+from lightning_fedcluster.engine.schedulers import RoundSchedulers
+
+SCHEDULED_HYPERPARAMETERS = ("lr", "momentum", "betas")
 
 
 @dataclass(frozen=True)
@@ -48,29 +52,65 @@ def unsupported_reason(strategy: Any) -> str | None:
     state = ClientState.initial(1, 0, strategy.num_clusters)
     if getattr(strategy, "finetune_epochs", 0):
         return "finetune_epochs (FedRC-FT) fine-tunes at evaluation, which the Flower apps do not run"
-    if rule.keeps_personal_models:
-        return "it keeps personal models (FedSoft, D-FedEM)"
-    if rule.needs_estimation(0, None) or type(rule).needs_estimation is not Algorithm.needs_estimation:
-        return "it runs estimation passes over every client (FedSoft)"
-    if rule.max_clients_per_round(1) is not None:
-        return "its server chooses the clients from the client store (FedSoft)"
+    if getattr(strategy, "reseed_threshold", None) is not None:
+        return "reseed_threshold splits the clients' ω and γ of a cluster, which the nodes do not mirror"
+    if type(rule).mix_personal is not Algorithm.mix_personal or rule.personal_copies != 1:
+        return "it mixes the clients' personal models on the server (D-FedEM)"
     if rule.needs_model_distances:
         return "it reassigns clients by model distances after training (FeSEM, WeCFL)"
-    if rule.round_vectors(state) is not None or not bool(rule.initial_active().all()):
+    if rule.round_vectors(state) not in (None, "personal") or not bool(rule.initial_active().all()):
         return "it splits clusters from the clients' updates (CFL)"
     return None
 
 
 def flower_optimizer(models: Sequence[nn.Module]) -> torch.optim.Optimizer:
-    """The local solver's optimizer for a node; LR schedulers are refused (the nodes do not step
-    them yet), before any round when the server calls it on its own copies."""
-    optimizer, schedulers = local_solver(models)
-    if schedulers:
-        raise NotImplementedError(
-            f"{type(models[0]).__name__}.configure_optimizers returns an LR scheduler, which the Flower "
-            "apps do not step yet: return the optimizer alone, or train with the Lightning engine"
-        )
-    return optimizer
+    """A node's local solver: the optimizer alone. Its schedulers, if any, run on the server,
+    which sends each round's hyperparameters (``round_hyperparameters``)."""
+    return local_solver(models)[0]
+
+
+def server_schedulers(
+    models: Sequence[nn.Module], task: str
+) -> tuple[torch.optim.Optimizer, RoundSchedulers]:
+    """The server's copy of the local solver and its LR schedulers, checked before any round as
+    the Lightning engine checks them (interval, frequency, a plateau scheduler's monitor)."""
+    optimizer, entries = local_solver(models)
+    schedulers = RoundSchedulers()
+    schedulers.configure(optimizer, entries, task)
+    return optimizer, schedulers
+
+
+def round_hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """Per parameter group, the hyperparameters a schedule may change (``lr``; ``momentum`` and
+    ``betas``, which e.g. OneCycleLR cycles), as float64 tensors [G] or [G, 2]."""
+    groups = optimizer.param_groups
+    values: dict[str, Tensor] = {}
+    for key in SCHEDULED_HYPERPARAMETERS:
+        if all(key in group for group in groups):
+            values[f"hyper.{key}"] = torch.tensor(
+                [
+                    [float(v) for v in g[key]] if isinstance(g[key], (tuple, list)) else float(g[key])
+                    for g in groups
+                ],
+                dtype=torch.float64,
+            )
+    return values
+
+
+def set_round_hyperparameters(optimizer: torch.optim.Optimizer, values: dict[str, Tensor]) -> None:
+    """A node's solver takes the server's hyperparameters for this round (same group layout)."""
+    for name, tensor in values.items():
+        key = name.removeprefix("hyper.")
+        if tensor.shape[0] != len(optimizer.param_groups):
+            raise ValueError(
+                f"the server's local solver has {tensor.shape[0]} parameter groups but this node's has "
+                f"{len(optimizer.param_groups)}: run the same LightningModule on the server and the nodes"
+            )
+        for group, value in zip(optimizer.param_groups, tensor.tolist(), strict=True):
+            if isinstance(group[key], torch.Tensor):
+                group[key].fill_(value)
+            else:
+                group[key] = tuple(value) if isinstance(value, list) else value
 
 
 def check_supported(strategy: Any) -> None:
@@ -80,6 +120,6 @@ def check_supported(strategy: Any) -> None:
         raise NotImplementedError(
             f"{type(strategy).__name__} ({type(strategy.algorithm).__name__}) is not supported on Flower "
             f"yet: {reason}. Supported: FedRCStrategy (with adam_gamma, label_noise_std, "
-            "removal_threshold), FedEMStrategy, IFCAStrategy, FedAvgStrategy, FedProxStrategy; run the "
-            "others with the Lightning engine"
+            "removal_threshold, server_optimizer), FedEMStrategy, IFCAStrategy, FedSoftStrategy, "
+            "FedAvgStrategy, FedProxStrategy; run the others with the Lightning engine"
         )

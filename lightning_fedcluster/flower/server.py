@@ -2,16 +2,21 @@
 and the server's client store (ω, label sums, participation, alive clusters), and each round's
 aggregation through ``RoundState`` and the rule's server hooks (``engine/server.py``).
 
-A round: sample clients with the strategy's ``RoundSchedule``, send each node holding sampled
-clients the K global models, the alive clusters and log C_{y,k}; sum the nodes' float64 updates
-and reports; apply them; run the rule's actions. A node that fails or does not answer within
-``round_timeout`` is dropped from the round's aggregation (logged) and not asked again.
+A round: an estimation pass when the rule asks (FedSoft: every node scores its clients under
+the K models); sample clients with the strategy's ``RoundSchedule``; send each node holding
+sampled clients the K global models, the alive clusters, log C_{y,k}, the round's scheduled lr
+and the store entries the server owns; sum the nodes' float64 updates and reports; apply them
+(with the server optimizer, if any); run the rule's actions; step the LR schedulers. A node that
+fails or does not answer within ``round_timeout`` is dropped from the round's aggregation
+(logged) and not asked again.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +25,15 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import Note, RemoveClusters
+from lightning_fedcluster.algorithms.actions import Note, Reassign, RemoveClusters, ServerAction, SetState
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine import server
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
 from lightning_fedcluster.engine.setup_checks import check_loss_growth
 from lightning_fedcluster.flower import records
-from lightning_fedcluster.flower.plan import check_supported
+from lightning_fedcluster.flower.aggregation import merge, merge_store
+from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 
 log = logging.getLogger("lightning_fedcluster.flower")
 
@@ -92,6 +99,11 @@ class FlowerServer:
         self.metrics: list[dict[str, float]] = []
         self.dropped: dict[int, list[int]] = {}  # round -> clients left out of its aggregation
         self.round_seconds: list[float] = []  # wall time of each round (benchmarks)
+        self.solver: Any = None  # the server's copy of the local solver, which the schedulers step
+        config = strategy.server_optimizer_config
+        self.server_optimizer = None if config.kind == "none" else ServerOptimizer(config)
+        # Client-store entries the server's actions own (FedSoft's importance): sent to the nodes.
+        self.pushed: set[str] = set()
 
     # -- setup ---------------------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -149,33 +161,43 @@ class FlowerServer:
         module, strategy, rule = self.module, self.strategy, self.rule
         federation = self.describe(grid, self.wait_for_nodes(grid))
         summary = DataSummary(len(federation.sizes), federation.sizes, 1)
-        schedule = strategy.round_schedule(summary)
+        schedule = strategy.round_schedule(summary, client_state=lambda: state)
         state = ClientState.initial(summary.num_clients, federation.num_classes, strategy.num_clusters)
         state.active = rule.initial_active()
+        # Per-client algorithm state the server's rules read (FedSoft's importance); per-sample
+        # state (FedRC-Adam γ) stays on the nodes.
+        initial = rule.initial_extra(summary.num_clients, 0)
+        state.extra.update({n: v for n, v in initial.items() if n not in rule.per_sample_state})
         module.client_state, module.task = state, federation.task
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), federation.sizes.cumsum(0)])
+        # The user's LR schedulers step here, once per round; the nodes get each round's values.
+        self.solver, schedulers = server_schedulers(module.models, federation.task)
         writer = writer_for(self.log_dir)
         first_loss: float | None = None
         for round_index in range(self.num_rounds):
             started = time.perf_counter()
+            if rule.needs_estimation(round_index, state):
+                estimates = self.estimate(grid, federation, state, round_index)
+                self.carry_out(rule.after_estimation(state, estimates, round_index), state, [])
             clients = schedule.clients(round_index)
             round_state = RoundState(
                 round_index, clients, federation.sizes[clients], module.copies.snapshot(), rule, state,
                 federation.num_classes, 0, torch.device("cpu"),
             )  # fmt: skip
+            round_state.membership = rule.round_membership(
+                round_index, state, federation.sizes, strategy.seed
+            )
             self.train_round(grid, federation, round_state, state)
-            round_state.apply(strategy.server_lr)
+            round_state.apply(strategy.server_lr, self.server_optimizer)
             server.record_round(rule, state, round_state, offsets)
             actions = rule.after_round(state, server.round_outcome(round_state, federation.sizes))
-            for action in actions:
-                if not isinstance(action, (RemoveClusters, Note)):
-                    raise NotImplementedError(
-                        f"the Flower server cannot carry out {type(action).__name__} yet"
-                    )
-            server.apply_actions(actions, state, round_state.global_clusters, rule, log.info)
+            self.carry_out(actions, state, round_state.global_clusters)
             module.copies.load((round_state.global_clusters, round_state.global_shared))
             metrics = server.round_metrics(round_state, state, federation.task)
             first_loss = check_loss_growth(first_loss, metrics["train/loss"], round_index)
+            with warnings.catch_warnings():  # the server's copy of the solver never steps itself
+                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+                schedulers.step(round_index, metrics)
             self.metrics.append(metrics)
             self.round_seconds.append(time.perf_counter() - started)
             module.round_metrics = metrics
@@ -191,6 +213,51 @@ class FlowerServer:
         if self.save_path:
             self.save(self.save_path)
         return module
+
+    def carry_out(self, actions: list[ServerAction], state: ClientState, global_clusters: list) -> None:
+        """The rule's actions on the server's store; the entries they set go to the nodes from now on."""
+        for action in actions:
+            if not isinstance(action, (RemoveClusters, Note, SetState, Reassign)):
+                raise NotImplementedError(f"the Flower server cannot carry out {type(action).__name__} yet")
+            if isinstance(action, SetState) and action.name in self.rule.per_sample_state:
+                raise NotImplementedError(f"the Flower server cannot set per-sample state {action.name!r}")
+            if isinstance(action, SetState):
+                self.pushed.add(action.name)
+            elif isinstance(action, Reassign):
+                self.pushed.add("omega")
+        server.apply_actions(actions, state, global_clusters, self.rule, log.info)
+
+    def estimate(self, grid: Grid, federation: Federation, state: ClientState, round_index: int) -> Tensor:
+        """An estimation pass (FedSoft's importance): every node scores its clients' training data
+        under the K global models. The clients of a node that fails get uniform estimates over the
+        alive clusters (logged), as a client that was never estimated has."""
+        content = RecordDict(
+            {
+                "globals": records.to_record(records.snapshot_tensors(self.module.copies.snapshot())),
+                "server": records.to_record({"active": state.active}),
+            }
+        )
+        nodes = sorted(set(federation.owner.values()) - federation.lost)
+        messages = [Message(content, n, "query.estimate", group_id=f"estimate.{round_index}") for n in nodes]
+        estimates = torch.full((state.num_clients, state.num_clusters), float("nan"), dtype=torch.float64)
+        for node, reply in exchange(grid, messages, self.round_timeout):
+            if reply.has_error():
+                federation.lost.add(node)
+                log.warning(
+                    "round %d: node %d failed its estimation pass (%s)", round_index, node, node_error(reply)
+                )
+                continue
+            found = records.from_record(reply.content["estimates"])
+            estimates[found["clients"]] = found["estimates"].to(torch.float64)
+        missing = estimates.isnan().any(1)
+        if bool(missing.any()):
+            uniform = state.active.to(torch.float64) / state.active.sum()
+            estimates[missing] = uniform
+            log.warning(
+                "round %d: no estimate for clients %s (their node is lost); they get uniform estimates",
+                round_index, missing.nonzero().flatten().tolist(),
+            )  # fmt: skip
+        return estimates
 
     def save(self, path: str) -> None:
         """The global models, the server's client store, the round metrics and the dropped clients."""
@@ -210,7 +277,14 @@ class FlowerServer:
         config = ConfigRecord(
             {"round": round_index, "clients": clients, "num-clusters": int(self.strategy.num_clusters)}
         )
-        info = {"active": state.active}
+        info = {"active": state.active, **round_hyperparameters(self.solver)}
+        if round_state.membership is not None:
+            info["membership"] = round_state.membership
+        rows = torch.tensor(clients, dtype=torch.long)
+        for name in sorted(self.pushed):
+            value = state.omega if name == "omega" else state.extra[name]
+            per_client = value.dim() > 0 and value.shape[0] == state.num_clients
+            info[f"store.{name}"] = value[rows] if per_client else value
         stats = self.rule.log_label_stats(state)
         if stats is not None:
             info["log_label_stats"] = stats
@@ -274,56 +348,7 @@ class FlowerServer:
                 continue
             stored = records.from_record(reply.content["store"])
             clients = records.from_record(reply.content["node"])["clients"]
-            merge_store(self.rule, state, stored, clients, offsets)
-
-
-def merge(round_state: RoundState, content: RecordDict, slots: dict[int, int]) -> None:
-    """A node's summed updates and its clients' reports into the round's sums."""
-    update = records.from_record(content["update"])
-    deltas, shared = records.tensors_snapshot(update, len(round_state.delta_sum))
-    for k, tensors in enumerate(deltas):
-        for i, t in enumerate(tensors):
-            round_state.delta_sum[k][i].add_(t.to(round_state.delta_sum[k][i]))
-    for i, t in enumerate(shared):
-        round_state.delta_shared[i].add_(t.to(round_state.delta_shared[i]))
-    report = records.from_record(content["report"])
-    buffer = round_state.report
-    buffer["weights"].add_(report["weights"].to(buffer.flat))
-    buffer["metrics"].add_(report["metrics"].to(buffer.flat))
-    for row, client in enumerate(report["clients"].tolist()):
-        slot = slots[int(client)]
-        buffer["omega"][slot] = report["omega"][row]
-        buffer["label_sums"][slot] = report["label_sums"][row]
-        buffer["reported"][slot] = 1.0
-
-
-def merge_store(
-    rule: Any, state: ClientState, stored: dict[str, Tensor], clients: Tensor, offsets: Tensor
-) -> None:
-    """A node's client store (its clients' rows; per-sample rows: their samples in order) into
-    the full store ``state`` (``offsets``: every client's training rows)."""
-    rows = clients.tolist()
-    state.omega[clients] = stored["omega"]
-    state.label_sums[clients] = stored["label_sums"]
-    state.seen[clients] = stored["seen"]
-    sizes = offsets[1:] - offsets[:-1]
-    local = torch.cat([torch.zeros(1, dtype=torch.long), sizes[clients].cumsum(0)])
-    for name, initial in rule.initial_extra(state.num_clients, int(offsets[-1])).items():
-        target = state.extra.setdefault(name, initial)
-        value = stored.get(f"extra.{name}")
-        if value is None:
-            continue
-        if name in rule.per_sample_state:
-            for r, client in enumerate(rows):
-                target[int(offsets[client]) : int(offsets[client + 1])] = value[
-                    int(local[r]) : int(local[r + 1])
-                ]
-        elif target.dim() > 0:
-            target[clients] = value
-    if "optimizer.ids" in stored:
-        for row, vector in zip(stored["optimizer.ids"].tolist(), stored["optimizer.vectors"], strict=True):
-            state.optimizer[rows[row]] = vector.clone()
-        state.optimizer_started[clients] = stored["optimizer.started"]
+            merge_store(self.rule, state, stored, clients, offsets, self.pushed)
 
 
 def writer_for(log_dir: str | None) -> Any:

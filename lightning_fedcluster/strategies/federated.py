@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -30,6 +30,9 @@ from lightning_fedcluster.engine.optimizer_state import OPTIMIZER_STATES
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
+
+if TYPE_CHECKING:
+    from lightning_fedcluster.algorithms.client_state import ClientState
 
 _teardown_registered = False
 
@@ -194,8 +197,12 @@ class FederatedStrategy(DDPStrategy):
         """The algorithm's rule object (pure tensor math from ``lightning_fedcluster.algorithms``)."""
         raise NotImplementedError(f"{type(self).__name__} must define its algorithm")
 
-    def round_schedule(self, datamodule: Any) -> RoundSchedule:
-        """The round schedule for ``datamodule`` (cached per datamodule)."""
+    def round_schedule(
+        self, datamodule: Any, client_state: Callable[[], ClientState] | None = None
+    ) -> RoundSchedule:
+        """The round schedule for ``datamodule`` (cached per datamodule). A server that selects
+        clients from the client store (FedSoft) reads ``client_state()``: the trained module's by
+        default, the Flower server's own otherwise."""
         key = (id(datamodule), self.chunk_size)
         if self._schedule is None or self._schedule[0] != key:
             steps = local_steps_per_client(
@@ -209,7 +216,7 @@ class FederatedStrategy(DDPStrategy):
             bound = self.algorithm.max_clients_per_round(datamodule.num_clients)
             selector = None
             if bound is not None:
-                cpr, selector = bound, self._state_selector(datamodule)
+                cpr, selector = bound, self._state_selector(datamodule, client_state)
             schedule = RoundSchedule(
                 datamodule.num_clients,
                 cpr,
@@ -222,11 +229,13 @@ class FederatedStrategy(DDPStrategy):
             self._schedule = (key, schedule)
         return self._schedule[1]
 
-    def _state_selector(self, datamodule: Any) -> Callable[[int], torch.Tensor]:
+    def _state_selector(
+        self, datamodule: Any, client_state: Callable[[], ClientState] | None
+    ) -> Callable[[int], torch.Tensor]:
         """Round → clients chosen by the server from the client state (e.g. FedSoft's v sampling)."""
 
         def select(round_index: int) -> torch.Tensor:
-            state = self.lightning_module.client_state
+            state = self.lightning_module.client_state if client_state is None else client_state()
             membership = self.algorithm.round_membership(
                 round_index, state, datamodule.train_sizes, self.seed
             )

@@ -1,6 +1,7 @@
 """The Flower apps train exactly what the Lightning engine trains (executor="loop", same seed
 and schedule): global weights, the server's client store and the nodes' client state (ω, label
-sums, FedRC-Adam γ, persistent momentum), to float summation order."""
+sums, FedRC-Adam γ, persistent momentum, FedSoft's importance and personal models), to float
+summation order; with the user's LR schedule and a server optimizer too."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_flower_simulation_equals_the_lightning_engine_fedrc(simulated_fedrc):
     assert simulated_fedrc.client_state.optimizer, "persistent momentum comes back from the nodes"
 
 
-@pytest.mark.parametrize("name", ["fedem", "ifca", "fedavg", "fedrc_shared"])
+@pytest.mark.parametrize("name", ["fedem", "ifca", "fedavg", "fedrc_shared", "fedsoft", "fedrc_server_adam"])
 def test_flower_apps_equal_the_lightning_engine(name, task_identity):
     """The same ServerApp and ClientApp on an in-process grid (3 nodes)."""
     apps = FlowerApps(
@@ -51,6 +52,8 @@ def test_flower_apps_equal_the_lightning_engine(name, task_identity):
     )  # fmt: skip
     flower, _ = run_local(apps, partitions(3))
     assert_same_training(flower, lightning_run(name))
+    if name == "fedsoft":  # the personal models came back from the nodes, equal (compared above)
+        assert flower.client_state.personal and flower.client_state.extra["estimated_round"] == 2
 
 
 @pytest.mark.slow
@@ -101,13 +104,50 @@ def test_a_dict_forward_with_logits_from_trains_as_on_lightning(task_identity):
     assert_same_training(flower, trainer.lightning_module)
 
 
-class ScheduledMLP(workload.MomentumMLP):
+class StepScheduledMLP(workload.MomentumMLP):
     def configure_optimizers(self):
         optimizer = super().configure_optimizers()
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
 
 
-def test_lr_schedulers_are_refused_before_any_round(task_identity):
-    apps = FlowerApps(workload.STRATEGIES["fedavg"], ScheduledMLP, workload.make_datamodule, num_rounds=1)
-    with pytest.raises(NotImplementedError, match="returns an LR scheduler, which the Flower"):
+class PlateauScheduledMLP(workload.MomentumMLP):
+    """A plateau schedule that cuts the lr every round (patience 0, a loss that must fall 90 %)."""
+
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.3, patience=0, threshold=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "train/loss"}}
+
+
+@pytest.mark.parametrize("module", [StepScheduledMLP, PlateauScheduledMLP])
+def test_lr_schedulers_step_on_the_server_as_on_lightning(module, task_identity):
+    """The server steps the user's schedulers once per round and sends the lr to the nodes: the
+    weights equal the Lightning engine's, which steps the same schedule
+    (tests/engine/test_lr_schedulers.py)."""
+    apps = FlowerApps(
+        workload.STRATEGIES["fedrc"], module, workload.make_datamodule, num_rounds=workload.ROUNDS,
+        collect_client_state=True,
+    )  # fmt: skip
+    flower, _ = run_local(apps, partitions(2))
+    trainer = make_trainer(workload.STRATEGIES["fedrc"](), max_epochs=workload.ROUNDS, limit_val_batches=0)
+    trainer.fit(module(), datamodule=workload.make_datamodule())
+    assert_same_training(flower, trainer.lightning_module)
+    # StepLR halves after every round; the plateau cuts from the second round on (the first sets its best).
+    expected = (
+        0.1 * 0.5**workload.ROUNDS if module is StepScheduledMLP else 0.1 * 0.3 ** (workload.ROUNDS - 1)
+    )
+    assert [group["lr"] for group in apps.server.solver.param_groups] == [pytest.approx(expected)]
+
+
+class StepIntervalMLP(workload.MomentumMLP):
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+        step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": step, "interval": "step"}}
+
+
+def test_a_per_step_schedule_is_refused_before_any_round(task_identity):
+    apps = FlowerApps(workload.STRATEGIES["fedavg"], StepIntervalMLP, workload.make_datamodule, num_rounds=1)
+    with pytest.raises(ValueError, match="interval='step'"):
         run_local(apps, partitions(2))
+    assert apps.server is None or not apps.server.metrics, "no round may run"

@@ -60,6 +60,28 @@ def test_a_node_whose_clientapp_fails_is_dropped(task_identity, caplog):
     assert not module.client_state.seen[3:].any() and module.client_state.seen[:3].any()
 
 
+def test_a_node_lost_in_a_fedsoft_estimation_pass_leaves_its_clients_uniform(task_identity, caplog):
+    """FedSoft estimates importance at rounds 0 and 2: node B goes away at the second pass."""
+
+    def away(node: int, message) -> str | None:
+        second_pass = message.metadata.group_id == "estimate.2"
+        return "unavailable" if node == NODE_B and second_pass else None
+
+    apps = FlowerApps(
+        workload.STRATEGIES["fedsoft"], workload.make_module, workload.make_datamodule, num_rounds=3
+    )
+    with caplog.at_level(logging.WARNING, logger="lightning_fedcluster.flower"):
+        module, _ = run_local(apps, partitions(2), away)
+    importance = module.client_state.extra["importance"]
+    assert "node 101 failed its estimation pass (node unavailable)" in caplog.text
+    assert "no estimate for clients [3, 4, 5]" in caplog.text
+    assert torch.equal(importance[3:], torch.full((3, 2), 0.5, dtype=torch.float64))
+    assert not torch.equal(importance[:3], torch.full((3, 2), 0.5, dtype=torch.float64)), "A's were estimated"
+    assert (
+        module.round_metrics["train/clients"] >= 1 and int(module.client_state.extra["estimated_round"]) == 2
+    )
+
+
 @pytest.mark.parametrize(
     ("configs", "message"),
     [
@@ -95,8 +117,8 @@ def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
 @pytest.mark.parametrize(
     ("strategy", "named"),
     [
-        (lambda: lf.FedSoftStrategy(2), "FedSoftStrategy (FedSoft) is not supported on Flower yet: it keeps"),
-        (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy"),
+        (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy (DFedEM) is not supported on Flower yet: it mixes"),
+        (lambda: lf.FedRCStrategy(3, reseed_threshold=0.05), "reseed_threshold splits"),
         (lambda: lf.CFLStrategy(4), "CFLStrategy (CFL) is not supported on Flower yet"),
         (lambda: lf.FeSEMStrategy(2), "FeSEMStrategy (FeSEM) is not supported on Flower yet: it reassigns"),
         (lambda: lf.FedRCStrategy(2, finetune_epochs=1), "finetune_epochs (FedRC-FT)"),

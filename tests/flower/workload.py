@@ -18,6 +18,13 @@ STRATEGIES = {
     "fedem": lambda: lf.FedEMStrategy(2, local_epochs=1, executor="loop"),
     "ifca": lambda: lf.IFCAStrategy(2, local_steps=3, executor="loop"),
     "fedavg": lambda: lf.FedAvgStrategy(clients_per_round=5, local_steps=2, executor="loop"),
+    # Estimation passes on the nodes, selection and importance on the server, personal models on
+    # the nodes; 3 of 6 clients per cluster, estimation every 2 rounds.
+    "fedsoft": lambda: lf.FedSoftStrategy(2, selection_size=3, local_steps=2, executor="loop"),
+    # The server's own optimizer (FedAdam) on the aggregated updates.
+    "fedrc_server_adam": lambda: lf.FedRCStrategy(
+        2, local_steps=2, server_optimizer="adam", server_lr=0.01, executor="loop"
+    ),
     # One shared feature layer, K heads: the nodes also send the shared layers' update.
     "fedrc_shared": lambda: lf.FedRCStrategy(2, shared_layers=("net.0",), local_steps=2, executor="loop"),
 }  # fmt: skip

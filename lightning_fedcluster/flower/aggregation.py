@@ -1,0 +1,73 @@
+"""What the Flower server takes from its nodes: a node's summed updates and its clients' reports
+into the round's sums, and (``collect_client_state``) a node's client store into the server's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from flwr.app import RecordDict
+from torch import Tensor
+
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.flower import records
+
+
+def merge(round_state: RoundState, content: RecordDict, slots: dict[int, int]) -> None:
+    """A node's summed updates and its clients' reports into the round's sums."""
+    update = records.from_record(content["update"])
+    deltas, shared = records.tensors_snapshot(update, len(round_state.delta_sum))
+    for k, tensors in enumerate(deltas):
+        for i, t in enumerate(tensors):
+            round_state.delta_sum[k][i].add_(t.to(round_state.delta_sum[k][i]))
+    for i, t in enumerate(shared):
+        round_state.delta_shared[i].add_(t.to(round_state.delta_shared[i]))
+    report = records.from_record(content["report"])
+    buffer = round_state.report
+    buffer["weights"].add_(report["weights"].to(buffer.flat))
+    buffer["metrics"].add_(report["metrics"].to(buffer.flat))
+    for row, client in enumerate(report["clients"].tolist()):
+        slot = slots[int(client)]
+        buffer["omega"][slot] = report["omega"][row]
+        buffer["label_sums"][slot] = report["label_sums"][row]
+        buffer["reported"][slot] = 1.0
+
+
+def merge_store(
+    rule: Any,
+    state: ClientState,
+    stored: dict[str, Tensor],
+    clients: Tensor,
+    offsets: Tensor,
+    owned: set[str],
+) -> None:
+    """A node's client store (its clients' rows; per-sample rows: their samples in order) into
+    the full store ``state`` (``offsets``: every client's training rows), but for the entries the
+    server's actions own (``owned``), whose rows on a node are only those of its trained clients."""
+    rows = clients.tolist()
+    if "omega" not in owned:
+        state.omega[clients] = stored["omega"]
+    state.label_sums[clients] = stored["label_sums"]
+    state.seen[clients] = stored["seen"]
+    sizes = offsets[1:] - offsets[:-1]
+    local = torch.cat([torch.zeros(1, dtype=torch.long), sizes[clients].cumsum(0)])
+    for name, initial in rule.initial_extra(state.num_clients, int(offsets[-1])).items():
+        target = state.extra.setdefault(name, initial)
+        value = stored.get(f"extra.{name}")
+        if value is None or name in owned:
+            continue
+        if name in rule.per_sample_state:
+            for r, client in enumerate(rows):
+                target[int(offsets[client]) : int(offsets[client + 1])] = value[
+                    int(local[r]) : int(local[r + 1])
+                ]
+        elif target.dim() > 0:
+            target[clients] = value
+    if "personal.ids" in stored:  # FedSoft: the nodes' personal models, keyed by their rows
+        for row, model in zip(stored["personal.ids"].tolist(), stored["personal.models"], strict=True):
+            state.personal[rows[row]] = model.clone()
+    if "optimizer.ids" in stored:
+        for row, vector in zip(stored["optimizer.ids"].tolist(), stored["optimizer.vectors"], strict=True):
+            state.optimizer[rows[row]] = vector.clone()
+        state.optimizer_started[clients] = stored["optimizer.started"]
