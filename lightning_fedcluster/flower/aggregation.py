@@ -32,6 +32,8 @@ def merge(round_state: RoundState, content: RecordDict, slots: dict[int, int]) -
         buffer["omega"][slot] = report["omega"][row]
         buffer["label_sums"][slot] = report["label_sums"][row]
         buffer["reported"][slot] = 1.0
+        if "vectors" in report:
+            round_state.vectors["vectors"][slot] = report["vectors"][row].to(round_state.vectors.flat)
 
 
 def merge_store(

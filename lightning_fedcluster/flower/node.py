@@ -6,7 +6,8 @@ What stays on the node, in ``context.state``: every client's ω, label sums, alg
 (FedRC-Adam γ and moments), persistent optimizer state and FedSoft personal model. What it
 sends: the float64 sums of its clients' weighted updates Σ w·(θ_local − θ_k) per cluster with
 their weights, the clients' ω and (noised, FedRC App. E) label sums, and the summed training
-metrics; for an estimation pass, its clients' estimates (FedSoft's importance weights).
+metrics; the clients' trained models or updates when the rule's server needs them (CFL,
+FeSEM's first round); for an estimation pass, its clients' estimates (FedSoft's importance).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.executors.loop import (
     LocalSetup,
     LocalSolver,
-    finish_turn,
+    end_turn,
+    start_personal,
     start_turn,
     turn_step,
 )
@@ -39,6 +41,7 @@ from lightning_fedcluster.flower.plan import TrainingPlan, flower_optimizer, set
 
 PARTITION_ID, NUM_PARTITIONS, NUM_CLUSTERS = "partition-id", "num-partitions", "num-clusters"
 STATE_KEY = "fedcluster.client_store"
+SERVER_VECTORS = ("model", "update")  # per-client vectors the server's rule reads (never "personal")
 
 
 class NodeConfigError(ValueError):
@@ -151,13 +154,14 @@ class NodeRuntime:
 
     def load_state(self, context: Context, active: Tensor) -> ClientState:
         """The node's store, with the clusters the server removed since its last message removed
-        (ω and γ renormalised as the server's store was)."""
+        (ω and γ renormalised as the server's store was) and those it started marked alive."""
         state = self.initial_state()
         if STATE_KEY in context.state:
             records.load_state(state, context.state[STATE_KEY])  # type: ignore[arg-type]
         active = active.to(torch.bool)
         if bool((state.active & ~active).any()):
             state.remove_clusters(state.active & ~active)
+        state.active = active.clone()  # and the clusters it started (CFL's splits)
         return state
 
     # -- messages ------------------------------------------------------------------------------
@@ -214,9 +218,10 @@ class NodeRuntime:
         self.copies.models.train()
         for slot, (client, row) in enumerate(zip(clients, rows.tolist(), strict=True)):
             self.train_client(round_state, state, client, row, slot, log_label_stats)
+        send_vectors = self.plan.rule.round_vectors(state) in SERVER_VECTORS
         server.record_round(self.plan.rule, state, round_state, self.offsets)
         context.state[STATE_KEY] = records.state_record(state)
-        return self.reply(round_state, clients)
+        return self.reply(round_state, clients, send_vectors)
 
     def train_client(
         self,
@@ -235,19 +240,13 @@ class NodeRuntime:
         )  # fmt: skip
         stored = (state.optimizer.get(row), state.optimizer_started[row])
         turn = start_turn(self.setup, self.solver, round_state, x, y, context, slot, log_label_stats, stored)
-        rule, clusters = self.plan.rule, round_state.global_clusters
-        if turn.work.plan.from_personal:  # FedSoft: the node's personal model of this client
-            vectors.load_personal(self.copies, rule, state, clusters, row, context)
+        start_personal(self.setup, turn, round_state, state, row)  # FedSoft: kept on the node
         for step in range(int(self.steps[client])):
-            turn_step(self.setup, self.solver, turn, step, clusters)
-        finish_turn(self.setup, self.solver, turn, round_state, turn.work.report)
-        if round_state.vectors is not None:  # kept on the node by record_round, never sent
-            round_state.vectors["vectors"][slot] = vectors.round_vector(
-                self.copies, rule, state, clusters, turn.work
-            )
+            turn_step(self.setup, self.solver, turn, step, round_state.global_clusters)
+        end_turn(self.setup, self.solver, turn, round_state, state)
 
     @staticmethod
-    def reply(round_state: RoundState, clients: list[int]) -> RecordDict:
+    def reply(round_state: RoundState, clients: list[int], send_vectors: bool) -> RecordDict:
         deltas = records.snapshot_tensors((round_state.delta_sum, round_state.delta_shared))
         report = {
             "clients": torch.tensor(clients, dtype=torch.long),
@@ -256,6 +255,8 @@ class NodeRuntime:
             "weights": round_state.report["weights"],
             "metrics": round_state.report["metrics"],
         }
+        if send_vectors:  # CFL's updates, FeSEM's first-round models: the rule's server needs them
+            report["vectors"] = round_state.vectors["vectors"]
         return RecordDict({"update": records.to_record(deltas), "report": records.to_record(report)})
 
     @torch.no_grad()

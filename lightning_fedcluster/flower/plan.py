@@ -1,7 +1,8 @@
 """What a Flower node needs of the strategy (a picklable summary), which strategies run on
 Flower (those whose rounds need nothing but the client contract, estimation passes and
 server-side actions on the global models and the client store: FedRC and its options, FedEM,
-IFCA, FedSoft, FedAvg/FedProx), and the LR schedule the server runs for the nodes."""
+IFCA, FedSoft, FeSEM/WeCFL, CFL, FedAvg/FedProx), and the LR schedule the server runs for the
+nodes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm
-from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import local_solver
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 
@@ -49,17 +49,12 @@ class TrainingPlan:
 def unsupported_reason(strategy: Any) -> str | None:
     """Why ``strategy`` cannot run on Flower yet (None: it can)."""
     rule: Algorithm = strategy.algorithm
-    state = ClientState.initial(1, 0, strategy.num_clusters)
     if getattr(strategy, "finetune_epochs", 0):
         return "finetune_epochs (FedRC-FT) fine-tunes at evaluation, which the Flower apps do not run"
     if getattr(strategy, "reseed_threshold", None) is not None:
         return "reseed_threshold splits the clients' ω and γ of a cluster, which the nodes do not mirror"
     if type(rule).mix_personal is not Algorithm.mix_personal or rule.personal_copies != 1:
         return "it mixes the clients' personal models on the server (D-FedEM)"
-    if rule.needs_model_distances:
-        return "it reassigns clients by model distances after training (FeSEM, WeCFL)"
-    if rule.round_vectors(state) not in (None, "personal") or not bool(rule.initial_active().all()):
-        return "it splits clusters from the clients' updates (CFL)"
     return None
 
 
@@ -121,5 +116,6 @@ def check_supported(strategy: Any) -> None:
             f"{type(strategy).__name__} ({type(strategy.algorithm).__name__}) is not supported on Flower "
             f"yet: {reason}. Supported: FedRCStrategy (with adam_gamma, label_noise_std, "
             "removal_threshold, server_optimizer), FedEMStrategy, IFCAStrategy, FedSoftStrategy, "
-            "FedAvgStrategy, FedProxStrategy; run the others with the Lightning engine"
+            "FeSEMStrategy, WeCFLStrategy, CFLStrategy, FedAvgStrategy, FedProxStrategy; run the others "
+            "with the Lightning engine"
         )

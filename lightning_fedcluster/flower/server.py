@@ -25,14 +25,15 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import Note, Reassign, RemoveClusters, ServerAction, SetState
+from lightning_fedcluster.algorithms.actions import Reassign, ServerAction, SetState, SplitCluster
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.engine import server
+from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
 from lightning_fedcluster.engine.setup_checks import check_loss_growth
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store
+from lightning_fedcluster.flower.node import SERVER_VECTORS
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 
 log = logging.getLogger("lightning_fedcluster.flower")
@@ -180,9 +181,11 @@ class FlowerServer:
                 estimates = self.estimate(grid, federation, state, round_index)
                 self.carry_out(rule.after_estimation(state, estimates, round_index), state, [])
             clients = schedule.clients(round_index)
+            wanted = rule.round_vectors(state) in SERVER_VECTORS  # never the nodes' personal models
+            vector_size = vectors.vector_size(module.copies, rule, state) if wanted else 0
             round_state = RoundState(
                 round_index, clients, federation.sizes[clients], module.copies.snapshot(), rule, state,
-                federation.num_classes, 0, torch.device("cpu"),
+                federation.num_classes, vector_size, torch.device("cpu"),
             )  # fmt: skip
             round_state.membership = rule.round_membership(
                 round_index, state, federation.sizes, strategy.seed
@@ -215,9 +218,10 @@ class FlowerServer:
         return module
 
     def carry_out(self, actions: list[ServerAction], state: ClientState, global_clusters: list) -> None:
-        """The rule's actions on the server's store; the entries they set go to the nodes from now on."""
+        """The rule's actions on the global models and the server's store (``engine/server.py``);
+        the store entries they set go to the nodes with every later round."""
         for action in actions:
-            if not isinstance(action, (RemoveClusters, Note, SetState, Reassign)):
+            if isinstance(action, SplitCluster):  # it would rewrite the nodes' per-sample γ
                 raise NotImplementedError(f"the Flower server cannot carry out {type(action).__name__} yet")
             if isinstance(action, SetState) and action.name in self.rule.per_sample_state:
                 raise NotImplementedError(f"the Flower server cannot set per-sample state {action.name!r}")

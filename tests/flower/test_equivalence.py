@@ -43,7 +43,10 @@ def test_flower_simulation_equals_the_lightning_engine_fedrc(simulated_fedrc):
     assert simulated_fedrc.client_state.optimizer, "persistent momentum comes back from the nodes"
 
 
-@pytest.mark.parametrize("name", ["fedem", "ifca", "fedavg", "fedrc_shared", "fedsoft", "fedrc_server_adam"])
+@pytest.mark.parametrize(
+    "name",
+    ["fedem", "ifca", "fedavg", "fedrc_shared", "fedsoft", "fedrc_server_adam", "cfl", "fesem", "wecfl"],
+)
 def test_flower_apps_equal_the_lightning_engine(name, task_identity):
     """The same ServerApp and ClientApp on an in-process grid (3 nodes)."""
     apps = FlowerApps(
@@ -54,10 +57,14 @@ def test_flower_apps_equal_the_lightning_engine(name, task_identity):
     assert_same_training(flower, lightning_run(name))
     if name == "fedsoft":  # the personal models came back from the nodes, equal (compared above)
         assert flower.client_state.personal and flower.client_state.extra["estimated_round"] == 2
+    if name == "cfl":  # the run must exercise a split
+        assert int(flower.client_state.active.sum()) >= 2
+    if name in ("fesem", "wecfl"):  # the centres came from the nodes' first-round models
+        assert float(flower.client_state.extra["centres_ready"]) == 1.0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fedem", "ifca", "fedavg"])
+@pytest.mark.parametrize("name", ["fedem", "ifca", "fedavg", "fedsoft"])
 def test_flower_simulation_equals_the_lightning_engine(name):
     flower = simulate(
         workload.STRATEGIES[name](), workload.make_module(), workload.make_datamodule(),

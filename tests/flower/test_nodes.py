@@ -119,8 +119,6 @@ def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
     [
         (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy (DFedEM) is not supported on Flower yet: it mixes"),
         (lambda: lf.FedRCStrategy(3, reseed_threshold=0.05), "reseed_threshold splits"),
-        (lambda: lf.CFLStrategy(4), "CFLStrategy (CFL) is not supported on Flower yet"),
-        (lambda: lf.FeSEMStrategy(2), "FeSEMStrategy (FeSEM) is not supported on Flower yet: it reassigns"),
         (lambda: lf.FedRCStrategy(2, finetune_epochs=1), "finetune_epochs (FedRC-FT)"),
     ],
 )

@@ -21,6 +21,12 @@ STRATEGIES = {
     # Estimation passes on the nodes, selection and importance on the server, personal models on
     # the nodes; 3 of 6 clients per cluster, estimation every 2 rounds.
     "fedsoft": lambda: lf.FedSoftStrategy(2, selection_size=3, local_steps=2, executor="loop"),
+    # The server reads per-client vectors: CFL's updates (thresholds that split at once; the
+    # new clusters and the movers' ω go back to the nodes), FeSEM/WeCFL's first-round models
+    # for the centres, then reassignment by model distances on the nodes.
+    "cfl": lambda: lf.CFLStrategy(3, eps1=10.0, eps2=1e-3, local_steps=2, executor="loop"),
+    "fesem": lambda: lf.FeSEMStrategy(2, local_steps=2, executor="loop"),
+    "wecfl": lambda: lf.WeCFLStrategy(2, clients_per_round=4, local_steps=2, executor="loop"),
     # The server's own optimizer (FedAdam) on the aggregated updates.
     "fedrc_server_adam": lambda: lf.FedRCStrategy(
         2, local_steps=2, server_optimizer="adam", server_lr=0.01, executor="loop"

@@ -2,9 +2,10 @@
 local step, the user's own optimizer as the local solver. General (any model, any optimizer,
 every algorithm); the vectorised executor is faster for small dense models.
 
-A client's turn (``start_turn``, ``turn_step``, ``finish_turn``) needs no Trainer: the loop
-executor runs it with Lightning's optimizer and ``manual_backward`` (so ``global_step`` counts
-client-steps), a Flower node (``lightning_fedcluster.flower``) with plain autograd."""
+A client's turn (``start_turn``, ``start_personal``, ``turn_step``, ``end_turn``) needs no
+Trainer: the loop executor runs it with Lightning's optimizer and ``manual_backward`` (so
+``global_step`` counts client-steps), a Flower node (``lightning_fedcluster.flower``) with plain
+autograd."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm, ClientContext, ClientReport, LocalPlan
+from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.schedule import derive_seed, epoch_batch
 from lightning_fedcluster.algorithms.seeds import FINETUNE_ORDER
 from lightning_fedcluster.engine import vectors
@@ -219,6 +221,32 @@ def finish_turn(
         round_state.record_optimizer(work.slot, vector, started)
 
 
+def start_personal(
+    setup: LocalSetup, turn: ClientTurn, round_state: RoundState, state: ClientState, key: int
+) -> None:
+    """When the plan asks (FedSoft), the trained copy starts from the client's personal model,
+    stored in ``state`` under ``key`` (the client, or its row in a Flower node's store)."""
+    if turn.work.plan.from_personal:
+        clusters = round_state.global_clusters
+        vectors.load_personal(setup.copies, setup.rule, state, clusters, key, turn.work.context)
+
+
+def end_turn(
+    setup: LocalSetup, solver: LocalSolver, turn: ClientTurn, round_state: RoundState, state: ClientState
+) -> None:
+    """The end of a client's turn: a rule that reassigns by model distances does (FeSEM, WeCFL),
+    then ``finish_turn``, then the client's vector when the rule asks the server for one."""
+    work, report, rule = turn.work, turn.work.report, setup.rule
+    if rule.needs_model_distances:
+        distances = vectors.distances(setup.copies, rule, round_state.global_clusters, work.plan.clusters[0])
+        report = rule.reassign(report, distances, work.context)
+    finish_turn(setup, solver, turn, round_state, report)
+    if round_state.vectors is not None:
+        round_state.vectors["vectors"][work.slot] = vectors.round_vector(
+            setup.copies, rule, state, round_state.global_clusters, work
+        )
+
+
 class LoopExecutor:
     """Runs the work items (client, local step) of a round on the module's working copies: a
     client's turn with Lightning's optimizer and ``manual_backward``."""
@@ -267,10 +295,7 @@ class LoopExecutor:
             self.setup(module), self.solver(module), round_state, x, y, context, item.slot,
             module.log_label_stats, stored,
         )  # fmt: skip
-        if turn.work.plan.from_personal:
-            vectors.load_personal(
-                module.copies, module.rule, state, round_state.global_clusters, client, context
-            )
+        start_personal(self.setup(module), turn, round_state, state, client)
         self.turn = turn
 
     def local_step(self, module: ClusteredModule, item: ClientStep) -> None:
@@ -280,19 +305,9 @@ class LoopExecutor:
 
     def finish_client(self, module: ClusteredModule) -> None:
         """The client's contributions into the round's sums, and its report."""
-        turn, round_state = self.turn, module.round
-        assert turn is not None and round_state is not None
-        work, report = turn.work, turn.work.report
-        if module.rule.needs_model_distances:
-            distances = vectors.distances(
-                module.copies, module.rule, round_state.global_clusters, work.plan.clusters[0]
-            )
-            report = module.rule.reassign(report, distances, work.context)
-        finish_turn(self.setup(module), self.solver(module), turn, round_state, report)
-        if round_state.vectors is not None:
-            round_state.vectors["vectors"][work.slot] = vectors.round_vector(
-                module.copies, module.rule, module.client_state, round_state.global_clusters, work
-            )
+        turn, round_state, state = self.turn, module.round, module.client_state
+        assert turn is not None and round_state is not None and state is not None
+        end_turn(self.setup(module), self.solver(module), turn, round_state, state)
         self.turn = None
 
 
