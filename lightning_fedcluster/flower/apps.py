@@ -10,7 +10,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from lightning_fedcluster.arguments import check_positive_int
+from lightning_fedcluster.arguments import check_positive_int, int_arg
 from lightning_fedcluster.flower.node import NodeFactory, NodeRuntime, built
 from lightning_fedcluster.flower.plan import TrainingPlan, check_supported, flower_optimizer
 from lightning_fedcluster.flower.server import FlowerServer
@@ -50,6 +50,9 @@ class FlowerApps:
         log_dir: TensorBoard directory of the round metrics (run config ``log-dir``).
         save_path: where the server saves the global models, its client store and the round
             metrics with ``torch.save`` after the last round (run config ``save-path``).
+        eval_every: every this many rounds, and after the last, the nodes score their clients'
+            validation rows and the server logs ``val/local_acc`` (``val/local_mse``) as the
+            Lightning engine does (run config ``eval-every``; None or 0: never).
         collect_client_state: after the last round, copy the nodes' client stores into the
             returned module (``simulate`` does; a deployment keeps them on the nodes).
     """
@@ -66,8 +69,11 @@ class FlowerApps:
         log_dir: str | None = None,
         save_path: str | None = None,
         collect_client_state: bool = False,
+        eval_every: int | None = None,
     ) -> None:
         check_positive_int("num_rounds", num_rounds)
+        if eval_every is not None:
+            int_arg("eval_every", eval_every, 0)
         check_positive_int("min_nodes", min_nodes)
         if round_timeout is not None and not round_timeout > 0:
             raise ValueError(f"round_timeout must be > 0 seconds or None, got {round_timeout!r}")
@@ -76,6 +82,7 @@ class FlowerApps:
         self.strategy, self.module, self.datamodule = strategy, module, datamodule
         self.num_rounds, self.round_timeout, self.min_nodes = num_rounds, round_timeout, min_nodes
         self.log_dir, self.save_path, self.collect_client_state = log_dir, save_path, collect_client_state
+        self.eval_every = eval_every
         self.result: Any = None  # the trained ClusteredModule, once the ServerApp has run here
         self.server: FlowerServer | None = None  # the last run's server (metrics, round times)
 
@@ -100,6 +107,7 @@ class FlowerApps:
             log_dir=config.get("log-dir", self.log_dir) or None,
             collect_client_state=self.collect_client_state,
             save_path=config.get("save-path", self.save_path) or None,
+            eval_every=int(config.get("eval-every", self.eval_every or 0)) or None,
         )
         self.server = server
         self.result = server.run(grid)
@@ -161,6 +169,10 @@ def client_app(factory: NodeFactory) -> ClientApp:
     @app.query("estimate")
     def estimate(message: Message, context: Context) -> Message:
         return Message(runtime(context).estimate(message.content, context), reply_to=message)
+
+    @app.query("evaluate")
+    def evaluate(message: Message, context: Context) -> Message:
+        return Message(runtime(context).evaluate(message.content, context), reply_to=message)
 
     @app.query("export")
     def export(message: Message, context: Context) -> Message:

@@ -22,9 +22,11 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.algorithms.schedule import local_steps_per_client
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.client import client_context
+from lightning_fedcluster.engine.evaluation import score
 from lightning_fedcluster.engine.executors.loop import (
     LocalSetup,
     LocalSolver,
@@ -274,6 +276,38 @@ class NodeRuntime:
             estimates[row] = self.plan.rule.estimate(losses, active)
         found = {"clients": self.clients.clone(), "estimates": estimates}
         return RecordDict({"estimates": records.to_record(found)})
+
+    @torch.no_grad()
+    def evaluate(self, content: RecordDict, context: Context) -> RecordDict:
+        """A validation pass over the node's clients, as the Lightning engine's ``val/local_*``:
+        each client's validation rows scored by its mixture of the K global models with its own
+        ω (FedSoft: by its personal model). Sends the summed score and row count."""
+        snapshot = records.tensors_snapshot(records.from_record(content["globals"]), self.plan.num_clusters)
+        self.copies.load(snapshot)
+        info = records.from_record(content["server"])
+        state = self.load_state(context, info["active"])
+        sums = torch.zeros(2, dtype=torch.float64)
+        for row, client in enumerate(self.clients.tolist()):
+            x, y = self.datamodule.val_split(client)
+            if x.shape[0] == 0:
+                continue
+            prediction = self.client_prediction(state, row, x, snapshot)
+            sums += torch.stack([score(prediction, y, self.task), torch.tensor(float(y.shape[0]))])
+        return RecordDict({"evaluation": records.to_record({"sums": sums})})
+
+    def client_prediction(self, state: ClientState, row: int, x: Tensor, snapshot: Any) -> Tensor:
+        """A client's prediction as the Lightning engine's validation makes it: its personal model
+        when it has one (FedSoft), else the mixture of the K models with its prediction weights."""
+        personal = state.personal.get(row) if self.plan.rule.keeps_personal_models else None
+        if personal is not None:
+            self.copies.write_vector(
+                personal, vectors.personal_copies(self.plan.rule, self.plan.num_clusters)
+            )
+        outputs = evaluate_models(self.copies.models, x, None, self.task, self.pass_rows, self.logits_from)[1]
+        if personal is not None:
+            self.copies.load(snapshot)
+            return outputs[0]
+        return mixture_probabilities(outputs, self.plan.rule.prediction_weights(state.omega[row]))
 
     def export(self, content: RecordDict, context: Context) -> RecordDict:
         """The node's client store (simulation only: ``simulate`` returns every client's state)."""

@@ -90,13 +90,14 @@ class FlowerServer:
         log_dir: str | None = None,
         collect_client_state: bool = False,
         save_path: str | None = None,
+        eval_every: int | None = None,
     ) -> None:
         check_supported(strategy)
         self.strategy, self.module, self.num_rounds = strategy, module, num_rounds
         self.rule = strategy.algorithm
         self.round_timeout, self.min_nodes, self.node_wait = round_timeout, min_nodes, node_wait
         self.log_dir, self.collect_client_state = log_dir, collect_client_state
-        self.save_path = save_path
+        self.save_path, self.eval_every = save_path, eval_every
         self.metrics: list[dict[str, float]] = []
         self.dropped: dict[int, list[int]] = {}  # round -> clients left out of its aggregation
         self.round_seconds: list[float] = []  # wall time of each round (benchmarks)
@@ -201,6 +202,10 @@ class FlowerServer:
             with warnings.catch_warnings():  # the server's copy of the solver never steps itself
                 warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
                 schedulers.step(round_index, metrics)
+            if self.eval_every and (
+                (round_index + 1) % self.eval_every == 0 or round_index + 1 == self.num_rounds
+            ):
+                metrics.update(self.evaluate(grid, federation, state))
             self.metrics.append(metrics)
             self.round_seconds.append(time.perf_counter() - started)
             module.round_metrics = metrics
@@ -235,12 +240,7 @@ class FlowerServer:
         """An estimation pass (FedSoft's importance): every node scores its clients' training data
         under the K global models. The clients of a node that fails get uniform estimates over the
         alive clusters (logged), as a client that was never estimated has."""
-        content = RecordDict(
-            {
-                "globals": records.to_record(records.snapshot_tensors(self.module.copies.snapshot())),
-                "server": records.to_record({"active": state.active}),
-            }
-        )
+        content = self.models_content(state)
         nodes = sorted(set(federation.owner.values()) - federation.lost)
         messages = [Message(content, n, "query.estimate", group_id=f"estimate.{round_index}") for n in nodes]
         estimates = torch.full((state.num_clients, state.num_clusters), float("nan"), dtype=torch.float64)
@@ -262,6 +262,30 @@ class FlowerServer:
                 round_index, missing.nonzero().flatten().tolist(),
             )  # fmt: skip
         return estimates
+
+    def models_content(self, state: ClientState) -> RecordDict:
+        """The K global models, the alive clusters and log C_{y,k} (FedRC), for a query."""
+        info: dict[str, Tensor] = {"active": state.active}
+        stats = self.rule.log_label_stats(state)
+        if stats is not None:
+            info["log_label_stats"] = stats
+        globals_ = records.snapshot_tensors(self.module.copies.snapshot())
+        return RecordDict({"globals": records.to_record(globals_), "server": records.to_record(info)})
+
+    def evaluate(self, grid: Grid, federation: Federation, state: ClientState) -> dict[str, float]:
+        """A validation pass on the nodes (each client's validation rows under its own ω or
+        personal model): ``val/local_acc`` (``val/local_mse``) over every answering node's rows."""
+        content = self.models_content(state)
+        nodes = sorted(set(federation.owner.values()) - federation.lost)
+        messages = [Message(content, n, "query.evaluate") for n in nodes]
+        sums = torch.zeros(2, dtype=torch.float64)
+        for node, reply in exchange(grid, messages, self.round_timeout):
+            if reply.has_error():
+                log.warning("node %d could not evaluate its clients: %s", node, node_error(reply))
+                continue
+            sums += records.from_record(reply.content["evaluation"])["sums"]
+        name = "val/local_mse" if federation.task == "regression" else "val/local_acc"
+        return {name: float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")}
 
     def save(self, path: str) -> None:
         """The global models, the server's client store, the round metrics and the dropped clients."""

@@ -18,6 +18,7 @@ def simulate(
     *,
     log_dir: str | None = None,
     num_cpus: int | None = None,
+    eval_every: int | None = None,
 ) -> Any:
     """Train ``module`` with ``strategy`` for ``num_rounds`` rounds on ``num_supernodes`` simulated
     Flower nodes, each holding one block of the datamodule's clients, and return the trained
@@ -25,6 +26,8 @@ def simulate(
     equal the Lightning engine's (``executor="loop"``) to float summation order.
 
     ``num_cpus``: CPUs Flower's Ray backend may use (default: all); each node's ClientApp takes one.
+    ``eval_every``: the nodes' validation pass every this many rounds and after the last
+    (``val/local_acc`` in the round metrics and ``log_dir``), as ``FlowerApps``.
     """
     check_positive_int("num_rounds", num_rounds)
     check_positive_int("num_supernodes", num_supernodes)
@@ -36,7 +39,7 @@ def simulate(
     strategy.check_datamodule(datamodule)
     apps = FlowerApps(
         strategy, module, datamodule, num_rounds=num_rounds, min_nodes=num_supernodes, log_dir=log_dir,
-        collect_client_state=True,
+        collect_client_state=True, eval_every=eval_every,
     )  # fmt: skip
     return simulate_apps(apps, num_supernodes, num_cpus=num_cpus)
 

@@ -78,6 +78,7 @@ num-server-rounds = 3
 min-nodes = 2
 round-timeout = 0
 save-path = ""
+eval-every = 0
 """
 
 
@@ -175,12 +176,15 @@ def deployment(tmp_path_factory):
 
 def test_superlink_and_two_supernodes_run_three_rounds_matching_the_simulation(deployment, simulated_fedrc):
     saved = deployment.root / "run.pt"
-    result = deployment.run(f'save-path="{saved}"')
+    result = deployment.run(f'save-path="{saved}" eval-every=2')
     assert result.returncode == 0 and saved.exists(), (
         result.stdout[-3000:] + result.stderr[-3000:] + deployment.logs()
     )
     run = torch.load(saved)
     assert len(run["metrics"]) == workload.ROUNDS and not run["dropped"]
+    # The nodes' validation pass ran after rounds 2 and 3 (the last), on the trained models.
+    assert ["val/local_acc" in m for m in run["metrics"]] == [False, True, True]
+    assert 0.0 < run["metrics"][-1]["val/local_acc"] <= 1.0
     for name, tensor in simulated_fedrc.state_dict().items():
         torch.testing.assert_close(run["state_dict"][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
     simulated = simulated_fedrc.client_state.state_dict()

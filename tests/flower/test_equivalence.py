@@ -158,3 +158,21 @@ def test_a_per_step_schedule_is_refused_before_any_round(task_identity):
     with pytest.raises(ValueError, match="interval='step'"):
         run_local(apps, partitions(2))
     assert apps.server is None or not apps.server.metrics, "no round may run"
+
+
+@pytest.mark.parametrize("name", ["fedrc", "fedsoft"])
+def test_the_nodes_validation_pass_equals_the_lightning_engines(name, task_identity):
+    """``eval_every``: the nodes score their clients' validation rows (their own ω; FedSoft: their
+    personal models) and the server logs what Lightning's validation logs as val/local_acc."""
+    apps = FlowerApps(
+        workload.STRATEGIES[name], workload.make_module, workload.make_datamodule,
+        num_rounds=workload.ROUNDS, eval_every=2,
+    )  # fmt: skip
+    run_local(apps, partitions(2))
+    flower = [m.get("val/local_acc") for m in apps.server.metrics]
+    assert [v is not None for v in flower] == [False, True, True], "rounds 2 and 3 (the last)"
+    trainer = make_trainer(workload.STRATEGIES[name](), max_epochs=workload.ROUNDS)
+    trainer.fit(workload.make_module(), datamodule=workload.make_datamodule())
+    # Lightning keeps its logged metric as a float32 tensor.
+    assert flower[-1] == pytest.approx(float(trainer.callback_metrics["val/local_acc"]), abs=1e-6)
+    assert 0.0 < flower[-1] <= 1.0
