@@ -74,6 +74,31 @@ def test_two_processes_give_the_same_weights_as_one_and_split_the_clients(runs, 
     assert len(rank0 | rank1) == 3 * 10  # 3 rounds x 10 clients
 
 
+def _prediction_rows(predictions: dict[str, torch.Tensor]) -> dict[tuple[int, int, int], int]:
+    """(client, global client, row) of every predicted row -> its position."""
+    keys = zip(*(predictions[k].tolist() for k in ("client", "global_client", "row")), strict=True)
+    positions = {tuple(key): i for i, key in enumerate(keys)}
+    assert len(positions) == predictions["row"].shape[0], "a row was predicted twice"
+    return positions
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_two_processes_share_trainer_predict_and_together_equal_one(runs, executor):
+    """trainer.predict on 2 processes: each predicts its share of the rows, never the same row,
+    and together they give exactly the 1-process predictions (ω, probabilities, classes)."""
+    one, two = (path / f"fedrc@{executor}" for path in runs)
+    alone = torch.load(one / "predictions_rank0.pt")
+    shares = [torch.load(two / f"predictions_rank{r}.pt") for r in (0, 1)]
+    assert all(share["row"].numel() for share in shares), "both processes predict"
+    joined = {key: torch.cat([share[key] for share in shares]) for key in alone}
+    where, reference = _prediction_rows(joined), _prediction_rows(alone)
+    assert set(where) == set(reference)
+    order = torch.tensor([where[key] for key in reference])
+    for key, value in alone.items():
+        torch.testing.assert_close(joined[key][order], value, rtol=1e-6, atol=1e-7, msg=key)
+    assert torch.equal(joined["preds"][order], alone["preds"])
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_gives_the_same_result_on_two_processes(runs, strategy):
     """Weights, client state (personal models, per-sample γ, split clusters) and test metrics agree."""
@@ -127,7 +152,11 @@ def _probe(tmp_path: Path, devices: int) -> subprocess.CompletedProcess:
     script = tmp_path / "probe.py"  # a file: Lightning's launcher re-runs it for rank 1
     script.write_text(EXIT_PROBE)
     done = subprocess.run(
-        [sys.executable, str(script), str(devices)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, str(script), str(devices)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]

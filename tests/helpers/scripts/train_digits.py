@@ -16,6 +16,7 @@ import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.work_items import ClientChunk
 from lightning_fedcluster.models import MLPClassifier
+from lightning_fedcluster.prediction import concat_predictions
 
 
 class RecordClients(pl.Callback):
@@ -98,6 +99,9 @@ def train(name: str, executor: str, args: argparse.Namespace, out: str) -> None:
     trainer.fit(model_type(lr=0.2, momentum=momentum), datamodule=datamodule)
     metrics = trainer.test(trainer.lightning_module, datamodule=datamodule, verbose=False)[0]
     os.makedirs(out, exist_ok=True)
+    if name == "fedrc":  # each process's share of trainer.predict (the test joins them)
+        predictions = concat_predictions(trainer.predict(trainer.lightning_module, datamodule=datamodule))
+        torch.save(predictions, os.path.join(out, f"predictions_rank{trainer.global_rank}.pt"))
     with open(os.path.join(out, f"clients_rank{trainer.global_rank}.json"), "w") as f:
         json.dump(recorder.seen, f)
     if trainer.is_global_zero:
