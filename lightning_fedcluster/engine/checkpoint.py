@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.copies import local_optimizer
 from lightning_fedcluster.engine.server_optimizer import SERVER_OPTIMIZER_KEY, ServerOptimizer
 
 CLIENT_STATE_KEY = "fedcluster_client_state"
@@ -105,6 +107,24 @@ def load_server_optimizer(server_optimizer: ServerOptimizer | None, ckpt: dict[s
         server_optimizer.load_state_dict(saved)
 
 
+def check_solver_layout(saved: dict[str, Any], optimizer: Any) -> None:
+    """Resuming a fit restores the local solver's state: refuse, before Lightning fails deep in
+    torch, a checkpoint whose parameter groups differ from this run's solver (a checkpoint written
+    before the solver became copy 0's optimizer with every copy's parameters in its groups, or with
+    another model, K or shared_layers)."""
+    saved_sizes = [len(group["params"]) for group in saved.get("param_groups", [])]
+    sizes = [len(group["params"]) for group in optimizer.param_groups]
+    if saved_sizes != sizes:
+        raise ValueError(
+            f"the checkpoint's optimizer state has parameter groups of {saved_sizes} tensors but this run's "
+            f"local solver has {sizes} (copy 0's configure_optimizers with the other copies' parameters "
+            "in the same groups): it was written by an older lightning-fedcluster (before the local solver "
+            "was one optimizer over the K copies) or with another model, num_clusters or shared_layers. "
+            "Start a new fit without ckpt_path from its weights: "
+            "module.load_state_dict(torch.load(path)['state_dict'])"
+        )
+
+
 class CheckpointHooks:
     """The ClusteredModule's checkpoint hooks (a mixin): the client store and the metadata above
     go into every checkpoint; loading checks them before the client store is restored."""
@@ -124,6 +144,12 @@ class CheckpointHooks:
         ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress)
 
     def on_load_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
+        if (
+            self._trainer is not None
+            and self.trainer.state.fn == TrainerFn.FITTING
+            and ckpt.get("optimizer_states")
+        ):
+            check_solver_layout(ckpt["optimizer_states"][0], local_optimizer(self.models, self.trainer))
         load_server_optimizer(self.server_optimizer, ckpt)
         state = ckpt.get(CLIENT_STATE_KEY)
         if state is None:

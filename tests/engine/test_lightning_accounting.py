@@ -139,6 +139,22 @@ def test_resuming_under_another_algorithm_or_state_is_refused_by_name(other, mes
         make_trainer(other(), max_epochs=2).fit(MLPClassifier(), datamodule=_datamodule(), ckpt_path=path)
 
 
+def test_a_checkpoint_with_another_solver_layout_is_refused_before_lightning_loads_it(tmp_path):
+    """An older checkpoint kept one optimizer group per cluster copy: refused with the way out."""
+    path = _round_checkpoint(_strategy("loop"), tmp_path)
+    ckpt = torch.load(path, weights_only=False)
+    (group,) = ckpt["optimizer_states"][0]["param_groups"]
+    half = len(group["params"]) // 2
+    per_copy = [{**group, "params": group["params"][:half]}, {**group, "params": group["params"][half:]}]
+    ckpt["optimizer_states"][0]["param_groups"] = per_copy
+    old = tmp_path / "old_layout.ckpt"
+    torch.save(ckpt, old)
+    resumed = make_trainer(_strategy("loop"), max_epochs=2)
+    with pytest.raises(ValueError, match=r"groups of \[4, 4\] tensors but this run's local solver has \[8\]"):
+        resumed.fit(MLPClassifier(), datamodule=_datamodule(), ckpt_path=old)
+    assert resumed.current_epoch == 0
+
+
 def test_a_diverging_run_warns_once_naming_the_round():
     dm = _datamodule()
     trainer = make_trainer(_strategy("loop"), max_epochs=4)
