@@ -12,27 +12,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from lightning_fedcluster.arguments import check_positive_int, int_arg
 from lightning_fedcluster.flower.node import NodeFactory, NodeRuntime, built
-from lightning_fedcluster.flower.plan import TrainingPlan, check_supported, flower_optimizer
+from lightning_fedcluster.flower.plan import TrainingPlan, check_supported, clustered_module, flower_optimizer
 from lightning_fedcluster.flower.server import FlowerServer
 
 # The nodes' runtimes of this process, per (run, node): models, data and solver are built once
 # per run (a simulation worker serves several nodes).
 _RUNTIMES: dict[tuple[int, int], NodeRuntime] = {}
-
-
-def clustered_module(strategy: Any, module: Any) -> Any:
-    """The ClusteredModule the Lightning engine would train (``FederatedStrategy.connect``)."""
-    from lightning_fedcluster.module import ClusteredModule
-
-    if isinstance(module, ClusteredModule):
-        return module
-    return ClusteredModule(
-        module,
-        strategy.num_clusters,
-        seed=strategy.seed,
-        shared_layers=strategy.shared_layers,
-        logits_from=strategy.logits_from,
-    )
 
 
 class FlowerApps:

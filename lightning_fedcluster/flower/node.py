@@ -39,7 +39,12 @@ from lightning_fedcluster.engine.losses import evaluate_models, pass_rows
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.flower import records
-from lightning_fedcluster.flower.plan import TrainingPlan, flower_optimizer, set_round_hyperparameters
+from lightning_fedcluster.flower.plan import (
+    TrainingPlan,
+    clustered_module,
+    flower_optimizer,
+    set_round_hyperparameters,
+)
 
 PARTITION_ID, NUM_PARTITIONS, NUM_CLUSTERS = "partition-id", "num-partitions", "num-clusters"
 STATE_KEY = "fedcluster.client_store"
@@ -115,16 +120,10 @@ class NodeRuntime:
         self.node_config = dict(node_config)
         self.clients = node_clients(self.node_config, datamodule.num_clients)
         check_num_clusters(self.node_config, plan.num_clusters)
-        if isinstance(module, ClusteredModule):
-            clustered = copy.deepcopy(module)
-        else:
-            clustered = ClusteredModule(
-                module,
-                plan.num_clusters,
-                seed=plan.seed,
-                shared_layers=plan.shared_layers,
-                logits_from=plan.logits_from,
-            )
+        # A node trains its own copy (a ClusteredModule instance may also serve the server).
+        clustered = (
+            copy.deepcopy(module) if isinstance(module, ClusteredModule) else clustered_module(plan, module)
+        )
         self.task = getattr(datamodule, "task", "classification")
         self.num_classes = datamodule.num_classes if self.task == "classification" else 0
         self.copies = clustered.copies

@@ -46,6 +46,23 @@ class TrainingPlan:
         )  # fmt: skip
 
 
+def clustered_module(settings: Any, module: Any) -> Any:
+    """The ClusteredModule the Lightning engine would train (``FederatedStrategy.connect``) from a
+    strategy's or a ``TrainingPlan``'s num_clusters, seed, shared_layers and logits_from; a
+    ClusteredModule as it is."""
+    from lightning_fedcluster.module import ClusteredModule
+
+    if isinstance(module, ClusteredModule):
+        return module
+    return ClusteredModule(
+        module,
+        settings.num_clusters,
+        seed=settings.seed,
+        shared_layers=settings.shared_layers,
+        logits_from=settings.logits_from,
+    )
+
+
 def unsupported_reason(strategy: Any) -> str | None:
     """Why ``strategy`` cannot run on Flower yet (None: it can)."""
     rule: Algorithm = strategy.algorithm

@@ -263,13 +263,16 @@ class FlowerServer:
             )  # fmt: skip
         return estimates
 
-    def models_content(self, state: ClientState) -> RecordDict:
-        """The K global models, the alive clusters and log C_{y,k} (FedRC), for a query."""
-        info: dict[str, Tensor] = {"active": state.active}
+    def models_content(
+        self, state: ClientState, snapshot: Any = None, extra: dict[str, Tensor] | None = None
+    ) -> RecordDict:
+        """The K global models (``snapshot``, the working copies by default), the alive clusters,
+        log C_{y,k} (FedRC) and ``extra`` server entries: what every message to the nodes carries."""
+        info: dict[str, Tensor] = {"active": state.active, **(extra or {})}
         stats = self.rule.log_label_stats(state)
         if stats is not None:
             info["log_label_stats"] = stats
-        globals_ = records.snapshot_tensors(self.module.copies.snapshot())
+        globals_ = records.snapshot_tensors(self.module.copies.snapshot() if snapshot is None else snapshot)
         return RecordDict({"globals": records.to_record(globals_), "server": records.to_record(info)})
 
     def evaluate(self, grid: Grid, federation: Federation, state: ClientState) -> dict[str, float]:
@@ -305,7 +308,7 @@ class FlowerServer:
         config = ConfigRecord(
             {"round": round_index, "clients": clients, "num-clusters": int(self.strategy.num_clusters)}
         )
-        info = {"active": state.active, **round_hyperparameters(self.solver)}
+        info = round_hyperparameters(self.solver)
         if round_state.membership is not None:
             info["membership"] = round_state.membership
         rows = torch.tensor(clients, dtype=torch.long)
@@ -313,13 +316,9 @@ class FlowerServer:
             value = state.omega if name == "omega" else state.extra[name]
             per_client = value.dim() > 0 and value.shape[0] == state.num_clients
             info[f"store.{name}"] = value[rows] if per_client else value
-        stats = self.rule.log_label_stats(state)
-        if stats is not None:
-            info["log_label_stats"] = stats
-        globals_ = records.snapshot_tensors((round_state.global_clusters, round_state.global_shared))
-        return RecordDict(
-            {"config": config, "globals": records.to_record(globals_), "server": records.to_record(info)}
-        )
+        content = self.models_content(state, (round_state.global_clusters, round_state.global_shared), info)
+        content["config"] = config
+        return content
 
     def train_round(
         self, grid: Grid, federation: Federation, round_state: RoundState, state: ClientState
