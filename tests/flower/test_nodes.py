@@ -144,3 +144,9 @@ def test_importing_without_flower_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "flwr", None)
     with pytest.raises(ImportError, match=r'pip install "lightning-fedcluster\[flower\]"'):
         importlib.import_module("lightning_fedcluster.flower")
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "2"])
+def test_eval_every_rejects_what_is_not_a_round_count(value):
+    with pytest.raises(ValueError, match="eval_every must be an integer >= 0"):
+        fedavg_apps(eval_every=value)
