@@ -37,17 +37,20 @@ from lightning_fedcluster.engine.evaluation import Evaluation, EvaluationHooks
 from lightning_fedcluster.engine.executors.loop import LoopExecutor
 from lightning_fedcluster.engine.executors.select import choose_executor, chunk_size_for
 from lightning_fedcluster.engine.executors.vectorized import VectorizedExecutor
+from lightning_fedcluster.engine.federation import (
+    ClientDirectory,
+    RoundDriver,
+    ServerState,
+    initial_client_state,
+)
 from lightning_fedcluster.engine.losses import evaluate_models, pass_rows, per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import StateLayout, persistent_layout, report_store_size
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from, forward_logits
+from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
-from lightning_fedcluster.engine.setup_checks import (
-    check_loss_growth,
-    check_output_shape,
-    check_training_setup,
-)
+from lightning_fedcluster.engine.setup_checks import check_output_shape, check_training_setup
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
 from lightning_fedcluster.export import ClusterExport
 from lightning_fedcluster.prediction import PredictionHooks
@@ -124,7 +127,8 @@ class ClusteredModule(
         self._loop = LoopExecutor()
         self._vectorized: VectorizedExecutor | None = None
         self._evaluation: Evaluation | None = None
-        self._first_round_loss: float | None = None
+        self.plan: TrainingPlan | None = None  # the strategy's, from setup on
+        self.driver: RoundDriver | None = None  # the server side of the rounds, from on_fit_start on
         self._interrupted_round: int | None = None
         self.optimizer_layout: StateLayout | None = None  # optimizer_state="persist" only
         self._open_epoch: int | None = None  # the round whose epoch is running (hooks between)
@@ -148,7 +152,7 @@ class ClusteredModule(
 
     @property
     def rule(self) -> Algorithm:
-        return self.trainer.strategy.algorithm
+        return self.plan.rule if self.plan is not None else self.trainer.strategy.algorithm
 
     @property
     def batch_size(self) -> int:
@@ -156,7 +160,11 @@ class ClusteredModule(
 
     @property
     def finetune_epochs(self) -> int:
-        return getattr(self.trainer.strategy, "finetune_epochs", 0)
+        return 0 if self.plan is None else self.plan.finetune_epochs
+
+    def reduce_sum(self, tensor: Tensor) -> Tensor:
+        """``tensor`` summed over every process of the fit (itself with one process)."""
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
     def cluster_tensors(self, k: int) -> list[Tensor]:
         """The federated tensors of cluster k (parameters and float buffers), shared layers excluded."""
@@ -173,6 +181,7 @@ class ClusteredModule(
 
         strategy, datamodule = self.trainer.strategy, self.trainer.datamodule
         check_training_setup(strategy, datamodule, self.num_clusters, FederatedStrategy, FederatedDataModule)
+        self.plan = strategy.plan
         self.task = getattr(datamodule, "task", "classification")
         if self.task == "regression" and self.rule.uses_label_stats:
             raise ValueError(
@@ -188,22 +197,19 @@ class ClusteredModule(
             strategy.chunk_size = None
             strategy.round_schedule(datamodule)  # validates clients_per_round before training
             x, y = datamodule.train_split(0)
-            self.executor = choose_executor(strategy.executor, self, x, y)
+            self.executor = choose_executor(self.plan.executor, self, x, y)
             if self.executor == "vectorized":
-                strategy.chunk_size = chunk_size_for(self, strategy.clients_per_chunk)
+                strategy.chunk_size = chunk_size_for(self, self.plan.clients_per_chunk)
             self._vectorized = None
             self.optimizer_layout = None
-            if strategy.local_optimizer_state == "persist":
+            if self.plan.persists_optimizer_state:
                 self.optimizer_layout = persistent_layout(self.models, self.trainer)
                 report_store_size(self.optimizer_layout, datamodule.num_clients)
         shape = (datamodule.num_clients, self.num_state_classes, self.num_clusters)
         state = self.client_state
         if state is None or (state.num_clients, state.label_sums.shape[1], state.num_clusters) != shape:
-            self.client_state = ClientState.initial(*shape)
-            self.client_state.extra.update(
-                self.rule.initial_extra(datamodule.num_clients, int(datamodule.train_sizes.sum()))
-            )
-            self.client_state.active = self.rule.initial_active()
+            samples = int(datamodule.train_sizes.sum())
+            self.client_state = initial_client_state(self.plan, shape[0], shape[1], samples)
         if self._pending_state is not None:
             self._load_client_state(self._pending_state, self._pending_metadata)
             self._pending_state = self._pending_metadata = None
@@ -278,51 +284,46 @@ class ClusteredModule(
 
     # ------------------------------------------------------------------ rounds
     def on_fit_start(self) -> None:
-        self._prepare_round(self.trainer.current_epoch)
+        """The server side of the rounds (``engine/federation.py``), on the fit's device, and the
+        first round's preparation."""
+        assert self.client_state is not None and self.plan is not None
+        trainer, strategy, dm = self.trainer, self.trainer.strategy, self.trainer.datamodule
+        last = trainer.max_epochs
+        self.driver = RoundDriver(
+            self.plan,
+            ServerState(self.copies, self.client_state, self.server_optimizer, self.schedulers),
+            strategy.round_schedule(dm),
+            ClientDirectory(dm.train_sizes, self.num_state_classes, self.task),
+            estimate=self._estimation_pass,
+            device=self.device,
+            optimizer_size=None if self.optimizer_layout is None else self.optimizer_layout.size,
+            num_rounds=None if last is None or last < 0 else last,
+            say=rank_zero_info,
+        )
+        self.driver.prepare_round(trainer.current_epoch)
 
-    def _prepare_round(self, round_index: int) -> None:
-        """Server work before a round's clients are chosen: an estimation pass when the rule asks."""
-        state, rule = self.client_state, self.rule
-        if state is None or not rule.needs_estimation(round_index, state):
-            return
+    def _estimation_pass(self, round_index: int) -> Tensor:
+        """Every client's estimate [M, K] on its training data, clients split across processes."""
+        assert self.client_state is not None
         strategy = self.trainer.strategy
         with self.timed("e_step"):
-            estimates = server.estimation_pass(
-                rule,
-                state,
+            return server.estimation_pass(
+                self.rule,
+                self.client_state,
                 lambda client: self.evaluate_clusters(*self.split("train", client))[0],
                 self.trainer.datamodule.num_clients,
                 strategy.world_size,
                 strategy.global_rank,
-                lambda t: strategy.reduce(t, reduce_op="sum"),
+                self.reduce_sum,
                 self.device,
             )
-        actions = rule.after_estimation(state, estimates, round_index)
-        server.apply_actions(actions, state, [], rule, rank_zero_info)
 
     def on_train_epoch_start(self) -> None:
-        """Round start: snapshot the global weights and open the round's accumulators."""
-        assert self.client_state is not None
+        """Round start (one epoch is one round): the driver opens the round's accumulators."""
+        assert self.driver is not None
         self._interrupted_round = None
         self._open_epoch = self.trainer.current_epoch
-        dm, strategy = self.trainer.datamodule, self.trainer.strategy
-        round_index = self.trainer.current_epoch
-        clients = strategy.round_schedule(dm).clients(round_index)
-        self.round = RoundState(
-            round_index,
-            clients,
-            dm.train_sizes[clients],
-            self.copies.snapshot(),
-            self.rule,
-            self.client_state,
-            self.num_state_classes,
-            vectors.vector_size(self.copies, self.rule, self.client_state),
-            self.device,
-            optimizer_size=None if self.optimizer_layout is None else self.optimizer_layout.size,
-        )
-        self.round.membership = self.rule.round_membership(
-            round_index, self.client_state, dm.train_sizes, strategy.seed
-        )
+        self.round = self.driver.begin_round(self.trainer.current_epoch)
         self.log_label_stats = self.current_label_stats()
 
     def training_step(self, batch: ClientStep | ClientChunk, batch_idx: int) -> None:
@@ -341,28 +342,12 @@ class ClusteredModule(
         else:
             self._loop.run_item(self, batch)
         if batch_idx + 1 == self.trainer.num_training_batches:
+            assert self.driver is not None and self.round is not None
             with self.timed("aggregation"):
-                self._end_round()
+                metrics = self.driver.end_round(self.round, self.reduce_sum)
+            self.round = None
+            self._log_round_metrics(metrics)
         return None
-
-    def _end_round(self) -> None:
-        """Sum every process's client updates, apply them, run the rule's server actions and load
-        the new global weights into the working copies."""
-        assert self.client_state is not None and self.round is not None
-        strategy, dm, rule = self.trainer.strategy, self.trainer.datamodule, self.rule
-        round_state = self.round
-        round_state.reduce(lambda t: strategy.reduce(t, reduce_op="sum"))
-        round_state.apply(strategy.server_lr, self.server_optimizer)
-        server.record_round(rule, self.client_state, round_state, dm.train_offsets)
-        actions = rule.after_round(self.client_state, server.round_outcome(round_state, dm.train_sizes))
-        server.apply_actions(actions, self.client_state, round_state.global_clusters, rule, rank_zero_info)
-        self.copies.load((round_state.global_clusters, round_state.global_shared))
-        self.round = None
-        self._set_round_metrics(round_state)
-        self.schedulers.step(round_state.round_index, self.round_metrics)
-        next_round, last = self.trainer.current_epoch + 1, self.trainer.max_epochs
-        if last is None or last < 0 or next_round < last:
-            self._prepare_round(next_round)
 
     def on_train_epoch_end(self) -> None:
         """A round cut short (``max_steps`` stopped the fit inside it): discard its partial
@@ -380,12 +365,9 @@ class ClusteredModule(
             "max_steps to a whole number of rounds, or use max_epochs (one epoch = one round)"
         )
 
-    def _set_round_metrics(self, round_state: RoundState) -> None:
-        assert self.client_state is not None
-        self.round_metrics = server.round_metrics(round_state, self.client_state, self.task)
-        loss = self.round_metrics["train/loss"]
-        self._first_round_loss = check_loss_growth(self._first_round_loss, loss, round_state.round_index)
-        for name, value in self.round_metrics.items():
+    def _log_round_metrics(self, metrics: dict[str, float]) -> None:
+        self.round_metrics = metrics
+        for name, value in metrics.items():
             prog_bar = name in ("train/loss", "train/acc", "train/mse")
             options = dict(on_step=False, on_epoch=True, logger=False, batch_size=1, sync_dist=True)
             self.log(name, value, prog_bar=prog_bar, **options)

@@ -1,12 +1,51 @@
-"""What a rule's server hooks return: typed actions on the cluster models and the client store,
-which the engine applies in order. Rules never touch models; the engine never names an
-algorithm (a server step reads as inputs in, actions out)."""
+"""What a rule's server hooks return: typed actions on the cluster models and the client store.
+Each action applies itself (``action.apply(target)``) to an ``ActionTarget``: the server's
+client store, the global cluster models and two callbacks, so the engine runs a rule's actions
+without knowing them and a new kind of server decision (a merge, a split) is one class here.
+Rules never touch models; the engine never names an algorithm."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+import torch
 from torch import Tensor
+
+from lightning_fedcluster.algorithms.client_state import ClientState
+
+
+class ActionTarget(Protocol):
+    """What a server action changes: the server's client store, the global models (per cluster,
+    its federated tensors), and two callbacks: ``model_replaced(k)`` when cluster k's model is
+    replaced rather than updated (a server optimizer forgets its state for k), ``say`` for a
+    console line."""
+
+    client_state: ClientState
+    global_clusters: list[list[Tensor]]
+
+    def model_replaced(self, cluster: int) -> None: ...
+
+    def say(self, text: str) -> None: ...
+
+
+def write_flat_into(tensors: Sequence[Tensor], vector: Tensor) -> None:
+    """Copy a flat vector into a list of tensors (e.g. a cluster's global snapshot), in place."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(vector[offset : offset + t.numel()].view_as(t).to(t))
+            offset += t.numel()
+
+
+def copy_model(target: ActionTarget, source: int, destination: int) -> None:
+    """Cluster ``destination``'s global model becomes a copy of cluster ``source``'s."""
+    clusters = target.global_clusters
+    with torch.no_grad():
+        for t, g in zip(clusters[destination], clusters[source], strict=True):
+            t.copy_(g)
+    target.model_replaced(destination)
 
 
 @dataclass(frozen=True)
@@ -23,23 +62,42 @@ class RoundOutcome:
     vectors: Tensor | None = None
 
 
+class ServerAction:
+    """A server decision. ``rewrites`` names the client-store entries it sets for clients (a
+    deployment sends those to the nodes that hold the clients)."""
+
+    rewrites: tuple[str, ...] = ()
+
+    def apply(self, target: ActionTarget) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class RemoveClusters:
-    """Mark the clusters in ``mask`` [K] dead and renormalise ω over the rest (adaptive K)."""
+class RemoveClusters(ServerAction):
+    """Mark the clusters in ``mask`` [K] dead and renormalise ω over the rest (adaptive K), and
+    the per-sample mixtures named in ``renormalise`` (FedRC-Adam's γ) with it."""
 
     mask: Tensor
+    renormalise: tuple[str, ...] = ()
+
+    def apply(self, target: ActionTarget) -> None:
+        target.client_state.remove_clusters(self.mask, self.renormalise)
 
 
 @dataclass(frozen=True)
-class CopyCluster:
+class CopyCluster(ServerAction):
     """Cluster ``target`` becomes alive with a copy of cluster ``source``'s global model (a split)."""
 
     target: int
     source: int
 
+    def apply(self, target: ActionTarget) -> None:
+        target.client_state.active[self.target] = True
+        copy_model(target, self.source, self.target)
+
 
 @dataclass(frozen=True)
-class SplitCluster:
+class SplitCluster(ServerAction):
     """Cluster ``target`` restarts as a copy of cluster ``source``'s global model and takes the
     fraction ``to_target`` [n] of each of ``clients`` [n]'s ω and label-sum mass on ``source``;
     every client's local-optimizer state for ``target`` restarts (a dead cluster re-seeded)."""
@@ -48,37 +106,63 @@ class SplitCluster:
     source: int
     clients: Tensor
     to_target: Tensor
+    rewrites = ("omega", "label_sums", "optimizer")
+
+    def apply(self, target: ActionTarget) -> None:
+        target.client_state.split_cluster(self.source, self.target, self.clients, self.to_target)
+        copy_model(target, self.source, self.target)
 
 
 @dataclass(frozen=True)
-class SetCentre:
+class SetCentre(ServerAction):
     """Cluster ``cluster``'s global model becomes the flat ``vector`` (e.g. a K-means centre)."""
 
     cluster: int
     vector: Tensor
 
+    def apply(self, target: ActionTarget) -> None:
+        write_flat_into(target.global_clusters[self.cluster], self.vector)
+
 
 @dataclass(frozen=True)
-class Reassign:
+class Reassign(ServerAction):
     """The given clients [n] get mixture weights / assignments ``omega`` [n, K]."""
 
     clients: Tensor
     omega: Tensor
+    rewrites = ("omega",)
+
+    def apply(self, target: ActionTarget) -> None:
+        state = target.client_state
+        state.omega[self.clients] = self.omega.to(state.omega.dtype)
 
 
 @dataclass(frozen=True)
-class SetState:
+class SetState(ServerAction):
     """The rule's own client-store entry ``name`` (one of its ``initial_extra``) becomes ``value``."""
 
     name: str
     value: Tensor
 
+    @property
+    def rewrites(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.name,)
+
+    def apply(self, target: ActionTarget) -> None:
+        extra = target.client_state.extra
+        if self.name not in extra:
+            raise KeyError(
+                f"a server action set client-store entry '{self.name}', which the rule's initial_extra "
+                f"does not declare ({sorted(extra)})"
+            )
+        extra[self.name] = self.value.to(extra[self.name].dtype).clone()
+
 
 @dataclass(frozen=True)
-class Note:
+class Note(ServerAction):
     """A line for the console (rank zero), e.g. which clients moved."""
 
     text: str
 
-
-ServerAction = RemoveClusters | CopyCluster | SplitCluster | SetCentre | Reassign | SetState | Note
+    def apply(self, target: ActionTarget) -> None:
+        target.say(self.text)

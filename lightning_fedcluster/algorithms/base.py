@@ -143,6 +143,8 @@ class Algorithm:
     personal_copies = 1  # working copies a personal model spans (0: all K, D-FedEM)
     # Per-sample client state kept between rounds (FedRC-Adam): names of [N, K] tensors.
     per_sample_state: tuple[str, ...] = ()
+    # The per-sample entries that are mixtures over clusters (renormalised when clusters are removed).
+    per_sample_mixtures: tuple[str, ...] = ()
 
     def __init__(self, num_clusters: int) -> None:
         self.num_clusters = num_clusters

@@ -9,6 +9,7 @@ at a round boundary is exact.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -60,18 +61,19 @@ class ClientState:
         self.label_sums[clients] = label_sums.to(self.label_sums.dtype)
         self.seen[clients] = True
 
-    def remove_clusters(self, remove: Tensor) -> None:
-        """Drop clusters (adaptive K): mark them dead, zero their ω / label-sum / per-sample columns
-        and renormalise every client's ω (and per-sample γ) over the remaining clusters."""
+    def remove_clusters(self, remove: Tensor, renormalise: Sequence[str] = ()) -> None:
+        """Drop clusters (adaptive K): mark them dead, zero their ω and label-sum columns and
+        renormalise every client's ω over the remaining clusters, and with it the per-sample
+        mixtures named in ``renormalise`` (extras [N, K] whose rows sum to 1, e.g. FedRC-Adam's γ)."""
         keep = self.active & ~remove
         if not bool(keep.any()):
             raise ValueError("cannot remove every cluster: at least one must stay active")
         self.active = keep
         self.omega = _renormalise(self.omega * keep, keep)
         self.label_sums = self.label_sums * keep
-        gamma = self.extra.get("gamma")
-        if gamma is not None:
-            self.extra["gamma"] = _renormalise(gamma * keep, keep)
+        for name in renormalise:
+            if name in self.extra:
+                self.extra[name] = _renormalise(self.extra[name] * keep, keep)
 
     def split_cluster(self, source: int, target: int, clients: Tensor, to_target: Tensor) -> None:
         """Move the fraction ``to_target`` [n] of each client's ω and label sums on ``source`` to

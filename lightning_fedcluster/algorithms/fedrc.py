@@ -75,6 +75,7 @@ class FedRC(Algorithm):
         self.reseed_seed = reseed_seed
         if adam_gamma:
             self.per_sample_state = ("gamma", "adam_m", "adam_v")
+            self.per_sample_mixtures = ("gamma",)
 
     def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
         if not self.adam_gamma:
@@ -105,7 +106,7 @@ class FedRC(Algorithm):
             return []
         kept = int((state.active & ~remove).sum())
         return [
-            RemoveClusters(remove),
+            RemoveClusters(remove, self.per_sample_mixtures),
             Note(
                 f"round {outcome.round_index}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
                 f"(share of γ below the threshold); {kept} remain"

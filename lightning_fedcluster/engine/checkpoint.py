@@ -37,12 +37,6 @@ def algorithm_config(rule: Algorithm) -> dict[str, Any]:
     return config
 
 
-def algorithm_name(strategy: Any) -> str:
-    """The algorithm as the user chose it: the strategy's name without "Strategy" (FedEM and
-    FedRC share a rule class, WeCFL and FeSEM too)."""
-    return type(strategy).__name__.removesuffix("Strategy")
-
-
 def metadata(
     name: str, rule: Algorithm, state: ClientState | None, round_in_progress: int | None
 ) -> dict[str, Any]:
@@ -140,7 +134,7 @@ class CheckpointHooks:
             # Saved after the round's aggregation but inside its epoch (a step-based checkpoint at
             # the round's last step): Lightning would resume inside the epoch, not at the next round.
             in_progress = self._open_epoch
-        name = algorithm_name(self.trainer.strategy)
+        name = self.plan.name
         ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress)
 
     def on_load_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
@@ -163,7 +157,7 @@ class CheckpointHooks:
         self: ClusteredModule, state: dict[str, Tensor], saved: dict[str, Any] | None
     ) -> None:
         assert self.client_state is not None
-        name = algorithm_name(self.trainer.strategy)
+        name = self.plan.name
         differences = check_resumable(saved, name, self.rule, self.client_state)
         if differences:
             rank_zero_warn(f"resuming {name} with a changed configuration: " + "; ".join(differences))

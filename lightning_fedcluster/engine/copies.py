@@ -204,12 +204,3 @@ class ClusterCopies:
             for t in self.cluster_tensors(k):
                 t.copy_(vector[offset : offset + t.numel()].view_as(t).to(t))
                 offset += t.numel()
-
-
-def write_vector_into(tensors: Sequence[Tensor], vector: Tensor) -> None:
-    """Copy a flat vector into a list of tensors (e.g. a cluster's global snapshot), in place."""
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            t.copy_(vector[offset : offset + t.numel()].view_as(t).to(t))
-            offset += t.numel()

@@ -146,7 +146,7 @@ class Evaluation:
     def metrics(self, module: ClusteredModule, stage: str) -> dict[str, float]:
         """Sum over processes and turn the sums into the stage's metrics."""
         assert module.client_state is not None
-        sums = module.trainer.strategy.reduce(self.sums, reduce_op="sum").cpu()
+        sums = module.reduce_sum(self.sums).cpu()
         dm = module.trainer.datamodule
         metric = "mse" if module.task == "regression" else "acc"
         per_global = (sums[2::2] / sums[3::2].clamp_min(1)).tolist()

@@ -1,29 +1,17 @@
-"""The server step after a round's aggregation, and the estimation passes before a round:
-store what the clients reported, then ask the rule for its actions and apply them to the
-global models and the client store. No algorithm is named here: the rule decides, the engine
-carries out (``algorithms/actions.py``)."""
+"""The server's pieces of a round (``engine/federation.py`` runs them in order): store what the
+clients reported, what the rule's server step sees of the round, an estimation pass over every
+client, and the round's training metrics. No algorithm is named here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import (
-    CopyCluster,
-    Note,
-    Reassign,
-    RemoveClusters,
-    RoundOutcome,
-    ServerAction,
-    SetCentre,
-    SetState,
-    SplitCluster,
-)
+from lightning_fedcluster.algorithms.actions import RoundOutcome
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.engine.copies import write_vector_into
 from lightning_fedcluster.engine.round import RoundState
 
 
@@ -73,44 +61,6 @@ def round_outcome(round_state: RoundState, train_sizes: Tensor) -> RoundOutcome:
         train_sizes=train_sizes,
         vectors=vectors,
     )
-
-
-def apply_actions(
-    actions: Sequence[ServerAction],
-    state: ClientState,
-    global_clusters: list[list[Tensor]],
-    rule: Algorithm,
-    say: Callable[[str], None],
-) -> None:
-    """Carry out a rule's server actions, in order, on the global models and the client store."""
-    for action in actions:
-        if isinstance(action, RemoveClusters):
-            state.remove_clusters(action.mask)
-        elif isinstance(action, CopyCluster):
-            state.active[action.target] = True
-            with torch.no_grad():
-                for t, g in zip(global_clusters[action.target], global_clusters[action.source], strict=True):
-                    t.copy_(g)
-        elif isinstance(action, SplitCluster):
-            state.split_cluster(action.source, action.target, action.clients, action.to_target)
-            with torch.no_grad():
-                for t, g in zip(global_clusters[action.target], global_clusters[action.source], strict=True):
-                    t.copy_(g)
-        elif isinstance(action, SetCentre):
-            write_vector_into(global_clusters[action.cluster], action.vector)
-        elif isinstance(action, Reassign):
-            state.omega[action.clients] = action.omega.to(state.omega.dtype)
-        elif isinstance(action, SetState):
-            if action.name not in state.extra:
-                raise KeyError(
-                    f"{type(rule).__name__} set client-store entry '{action.name}', which its "
-                    f"initial_extra does not declare ({sorted(state.extra)})"
-                )
-            state.extra[action.name] = action.value.to(state.extra[action.name].dtype).clone()
-        elif isinstance(action, Note):
-            say(action.text)
-        else:
-            raise TypeError(f"unknown server action {action!r}")
 
 
 @torch.no_grad()

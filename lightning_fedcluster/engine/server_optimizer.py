@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig, direction
+from lightning_fedcluster.engine.plan import TrainingPlan
 
 SERVER_OPTIMIZER_KEY = "fedcluster_server_optimizer"
 
@@ -76,14 +77,15 @@ def cluster_group(k: int) -> str:
 
 
 class ServerOptimizerHooks:
-    """The ClusteredModule's server optimizer (a mixin): built from the strategy's configuration,
-    None for ``server_optimizer="none"``."""
+    """The ClusteredModule's server optimizer (a mixin): built from the training plan's
+    configuration, None for ``server_optimizer="none"`` or before a plan is set."""
 
     _server_optimizer: ServerOptimizer | None = None
+    plan: TrainingPlan | None = None
 
     @property
     def server_optimizer(self) -> ServerOptimizer | None:
-        config = getattr(self.trainer.strategy, "server_optimizer_config", None)  # type: ignore[attr-defined]
+        config = None if self.plan is None else self.plan.server_optimizer
         if config is None or config.kind == "none":
             return None
         if self._server_optimizer is None or self._server_optimizer.config != config:

@@ -15,9 +15,10 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         'lightning_fedcluster.flower needs Flower: pip install "lightning-fedcluster[flower]"'
     ) from error
 
+from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.flower.apps import FlowerApps
 from lightning_fedcluster.flower.node import NodeConfigError
-from lightning_fedcluster.flower.plan import TrainingPlan, check_supported
+from lightning_fedcluster.flower.plan import check_supported
 from lightning_fedcluster.flower.simulation import simulate
 
 __all__ = ["FlowerApps", "NodeConfigError", "TrainingPlan", "check_supported", "simulate"]

@@ -11,8 +11,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from lightning_fedcluster.arguments import check_positive_int, int_arg
+from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.flower.node import NodeFactory, NodeRuntime, built
-from lightning_fedcluster.flower.plan import TrainingPlan, check_supported, clustered_module, flower_optimizer
+from lightning_fedcluster.flower.plan import check_supported, clustered_module, flower_optimizer, plan_of
 from lightning_fedcluster.flower.server import FlowerServer
 
 # The nodes' runtimes of this process, per (run, node): models, data and solver are built once
@@ -112,12 +113,12 @@ class FlowerApps:
         from lightning_fedcluster.strategies.federated import FederatedStrategy
 
         if isinstance(self.strategy, FederatedStrategy):
-            plan: Any = TrainingPlan.of(self.strategy)
+            plan: Any = plan_of(self.strategy)
         else:
             factory = self.strategy
 
             def plan() -> TrainingPlan:
-                return TrainingPlan.of(factory())
+                return plan_of(factory())
 
         if self.datamodule is None:
             raise ValueError("FlowerApps needs a datamodule (or a factory of one) to build the ClientApp")

@@ -35,16 +35,13 @@ from lightning_fedcluster.engine.executors.loop import (
     start_turn,
     turn_step,
 )
+from lightning_fedcluster.engine.federation import initial_client_state
 from lightning_fedcluster.engine.losses import evaluate_models, pass_rows
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
+from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.flower import records
-from lightning_fedcluster.flower.plan import (
-    TrainingPlan,
-    clustered_module,
-    flower_optimizer,
-    set_round_hyperparameters,
-)
+from lightning_fedcluster.flower.plan import clustered_module, flower_optimizer, set_round_hyperparameters
 
 PARTITION_ID, NUM_PARTITIONS, NUM_CLUSTERS = "partition-id", "num-partitions", "num-clusters"
 STATE_KEY = "fedcluster.client_store"
@@ -148,10 +145,7 @@ class NodeRuntime:
 
     # -- the node's client store ---------------------------------------------------------------
     def initial_state(self) -> ClientState:
-        state = ClientState.initial(len(self.clients), self.num_classes, self.plan.num_clusters)
-        state.extra.update(self.plan.rule.initial_extra(len(self.clients), int(self.sizes.sum())))
-        state.active = self.plan.rule.initial_active()
-        return state
+        return initial_client_state(self.plan, len(self.clients), self.num_classes, int(self.sizes.sum()))
 
     def load_state(self, context: Context, active: Tensor) -> ClientState:
         """The node's store, with the clusters the server removed since its last message removed
@@ -161,7 +155,7 @@ class NodeRuntime:
             records.load_state(state, context.state[STATE_KEY])  # type: ignore[arg-type]
         active = active.to(torch.bool)
         if bool((state.active & ~active).any()):
-            state.remove_clusters(state.active & ~active)
+            state.remove_clusters(state.active & ~active, self.plan.rule.per_sample_mixtures)
         state.active = active.clone()  # and the clusters it started (CFL's splits)
         return state
 

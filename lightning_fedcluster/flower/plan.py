@@ -1,4 +1,4 @@
-"""What a Flower node needs of the strategy (a picklable summary), which strategies run on
+"""What a Flower node needs of the strategy (its picklable ``TrainingPlan``), which strategies run on
 Flower (those whose rounds need nothing but the client contract, estimation passes and
 server-side actions on the global models and the client store: FedRC and its options, FedEM,
 IFCA, FedSoft, FeSEM/WeCFL, CFL, FedAvg/FedProx), and the LR schedule the server runs for the
@@ -7,7 +7,6 @@ nodes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,35 +14,16 @@ from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.engine.copies import local_solver
+from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 
 SCHEDULED_HYPERPARAMETERS = ("lr", "momentum", "betas")
 
 
-@dataclass(frozen=True)
-class TrainingPlan:
-    """The strategy's client-side settings: the rule, K, seed, the local step plan, shared layers,
-    whether each client's optimizer state persists across rounds, and where the logits are."""
-
-    name: str
-    rule: Algorithm
-    num_clusters: int
-    seed: int
-    local_steps: int | None
-    local_epochs: int | None
-    drop_last: bool
-    shared_layers: tuple[str, ...]
-    optimizer_state: str
-    logits_from: Any = None
-
-    @classmethod
-    def of(cls, strategy: Any) -> TrainingPlan:
-        check_supported(strategy)
-        return cls(
-            type(strategy).__name__, strategy.algorithm, strategy.num_clusters, strategy.seed,
-            strategy.local_steps, strategy.local_epochs, strategy.drop_last, tuple(strategy.shared_layers),
-            strategy.local_optimizer_state, strategy.logits_from,
-        )  # fmt: skip
+def plan_of(strategy: Any) -> TrainingPlan:
+    """The strategy's ``TrainingPlan``, refused up front when Flower cannot run it."""
+    check_supported(strategy)
+    return strategy.plan
 
 
 def clustered_module(settings: Any, module: Any) -> Any:

@@ -2,21 +2,19 @@
 and the server's client store (ω, label sums, participation, alive clusters), and each round's
 aggregation through ``RoundState`` and the rule's server hooks (``engine/server.py``).
 
-A round: an estimation pass when the rule asks (FedSoft: every node scores its clients under
-the K models); sample clients with the strategy's ``RoundSchedule``; send each node holding
-sampled clients the K global models, the alive clusters, log C_{y,k}, the round's scheduled lr
-and the store entries the server owns; sum the nodes' float64 updates and reports; apply them
-(with the server optimizer, if any); run the rule's actions; step the LR schedulers. A node that
-fails or does not answer within ``round_timeout`` is dropped from the round's aggregation
-(logged) and not asked again.
+The round's server sequence is the library's ``RoundDriver`` (``engine/federation.py``), the one
+the Lightning engine runs; this module is the adapter: it sends each node holding sampled
+clients the K global models, the alive clusters, log C_{y,k}, the round's scheduled lr and the
+store entries the server owns, sums the nodes' float64 updates and reports into the round, and
+asks the nodes for estimation (FedSoft) and validation passes. A node that fails or does not
+answer within ``round_timeout`` is dropped from the round's aggregation (logged) and not asked
+again.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,15 +23,18 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import Reassign, ServerAction, SetState, SplitCluster
+from lightning_fedcluster.algorithms.actions import ServerAction
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.engine import server, vectors
+from lightning_fedcluster.engine.federation import (
+    ClientDirectory,
+    RoundDriver,
+    ServerState,
+    initial_client_state,
+)
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
-from lightning_fedcluster.engine.setup_checks import check_loss_growth
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store
-from lightning_fedcluster.flower.node import SERVER_VECTORS
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 
 log = logging.getLogger("lightning_fedcluster.flower")
@@ -58,6 +59,10 @@ class Federation:
     num_classes: int
     task: str
     lost: set[int] = field(default_factory=set)
+
+    @property
+    def offsets(self) -> Tensor:
+        return torch.cat([torch.zeros(1, dtype=torch.long), self.sizes.cumsum(0)])
 
 
 def node_error(reply: Message) -> str:
@@ -94,7 +99,8 @@ class FlowerServer:
     ) -> None:
         check_supported(strategy)
         self.strategy, self.module, self.num_rounds = strategy, module, num_rounds
-        self.rule = strategy.algorithm
+        self.plan = strategy.plan
+        self.rule = self.plan.rule
         self.round_timeout, self.min_nodes, self.node_wait = round_timeout, min_nodes, node_wait
         self.log_dir, self.collect_client_state = log_dir, collect_client_state
         self.save_path, self.eval_every = save_path, eval_every
@@ -102,7 +108,7 @@ class FlowerServer:
         self.dropped: dict[int, list[int]] = {}  # round -> clients left out of its aggregation
         self.round_seconds: list[float] = []  # wall time of each round (benchmarks)
         self.solver: Any = None  # the server's copy of the local solver, which the schedulers step
-        config = strategy.server_optimizer_config
+        config = self.plan.server_optimizer
         self.server_optimizer = None if config.kind == "none" else ServerOptimizer(config)
         # Client-store entries the server's actions own (FedSoft's importance): sent to the nodes.
         self.pushed: set[str] = set()
@@ -158,50 +164,36 @@ class FlowerServer:
 
     # -- rounds --------------------------------------------------------------------------------
     def run(self, grid: Grid) -> Any:
-        """Every round on the grid; returns the module with the trained global models and the
-        server's client store (plus the nodes' stores with ``collect_client_state``)."""
-        module, strategy, rule = self.module, self.strategy, self.rule
+        """Every round on the grid (the library's ``RoundDriver`` runs the server's side; the nodes
+        do the clients' work); returns the module with the trained global models and the server's
+        client store (plus the nodes' stores with ``collect_client_state``)."""
+        module, strategy, plan = self.module, self.strategy, self.plan
         federation = self.describe(grid, self.wait_for_nodes(grid))
-        summary = DataSummary(len(federation.sizes), federation.sizes, 1)
-        schedule = strategy.round_schedule(summary, client_state=lambda: state)
-        state = ClientState.initial(summary.num_clients, federation.num_classes, strategy.num_clusters)
-        state.active = rule.initial_active()
-        # Per-client algorithm state the server's rules read (FedSoft's importance); per-sample
-        # state (FedRC-Adam γ) stays on the nodes.
-        initial = rule.initial_extra(summary.num_clients, 0)
-        state.extra.update({n: v for n, v in initial.items() if n not in rule.per_sample_state})
+        num_clients = len(federation.sizes)
+        # Per-sample state (FedRC-Adam γ) stays on the nodes; the server keeps per-client entries.
+        state = initial_client_state(plan, num_clients, federation.num_classes, 0, per_sample=False)
         module.client_state, module.task = state, federation.task
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), federation.sizes.cumsum(0)])
         # The user's LR schedulers step here, once per round; the nodes get each round's values.
         self.solver, schedulers = server_schedulers(module.models, federation.task)
+        summary = DataSummary(num_clients, federation.sizes, 1)
+        driver = RoundDriver(
+            plan,
+            ServerState(module.copies, state, self.server_optimizer, schedulers),
+            strategy.round_schedule(summary, client_state=lambda: state),
+            ClientDirectory(federation.sizes, federation.num_classes, federation.task),
+            estimate=lambda round_index: self.estimate(grid, federation, state, round_index),
+            personal_vectors=False,  # personal models stay on the nodes
+            num_rounds=self.num_rounds,
+            say=log.info,
+            check_action=lambda action: self.check_action(action, state),
+        )
         writer = writer_for(self.log_dir)
-        first_loss: float | None = None
+        driver.prepare_round(0)
         for round_index in range(self.num_rounds):
             started = time.perf_counter()
-            if rule.needs_estimation(round_index, state):
-                estimates = self.estimate(grid, federation, state, round_index)
-                self.carry_out(rule.after_estimation(state, estimates, round_index), state, [])
-            clients = schedule.clients(round_index)
-            wanted = rule.round_vectors(state) in SERVER_VECTORS  # never the nodes' personal models
-            vector_size = vectors.vector_size(module.copies, rule, state) if wanted else 0
-            round_state = RoundState(
-                round_index, clients, federation.sizes[clients], module.copies.snapshot(), rule, state,
-                federation.num_classes, vector_size, torch.device("cpu"),
-            )  # fmt: skip
-            round_state.membership = rule.round_membership(
-                round_index, state, federation.sizes, strategy.seed
-            )
+            round_state = driver.begin_round(round_index)
             self.train_round(grid, federation, round_state, state)
-            round_state.apply(strategy.server_lr, self.server_optimizer)
-            server.record_round(rule, state, round_state, offsets)
-            actions = rule.after_round(state, server.round_outcome(round_state, federation.sizes))
-            self.carry_out(actions, state, round_state.global_clusters)
-            module.copies.load((round_state.global_clusters, round_state.global_shared))
-            metrics = server.round_metrics(round_state, state, federation.task)
-            first_loss = check_loss_growth(first_loss, metrics["train/loss"], round_index)
-            with warnings.catch_warnings():  # the server's copy of the solver never steps itself
-                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-                schedulers.step(round_index, metrics)
+            metrics = driver.end_round(round_state)
             if self.eval_every and (
                 (round_index + 1) % self.eval_every == 0 or round_index + 1 == self.num_rounds
             ):
@@ -217,24 +209,23 @@ class FlowerServer:
         if writer is not None:
             writer.close()
         if self.collect_client_state:
-            self.collect(grid, federation, state, offsets)
+            self.collect(grid, federation, state, federation.offsets)
         if self.save_path:
             self.save(self.save_path)
         return module
 
-    def carry_out(self, actions: list[ServerAction], state: ClientState, global_clusters: list) -> None:
-        """The rule's actions on the global models and the server's store (``engine/server.py``);
-        the store entries they set go to the nodes with every later round."""
-        for action in actions:
-            if isinstance(action, SplitCluster):  # it would rewrite the nodes' per-sample γ
-                raise NotImplementedError(f"the Flower server cannot carry out {type(action).__name__} yet")
-            if isinstance(action, SetState) and action.name in self.rule.per_sample_state:
-                raise NotImplementedError(f"the Flower server cannot set per-sample state {action.name!r}")
-            if isinstance(action, SetState):
-                self.pushed.add(action.name)
-            elif isinstance(action, Reassign):
-                self.pushed.add("omega")
-        server.apply_actions(actions, state, global_clusters, self.rule, log.info)
+    def check_action(self, action: ServerAction, state: ClientState) -> None:
+        """Before a rule's action applies: the client-store entries it rewrites go to the nodes
+        with every later round; entries the nodes alone hold (label sums, per-sample state,
+        optimizer state) cannot be rewritten by the server yet."""
+        pushable = {"omega"} | {name for name in state.extra if name not in self.rule.per_sample_state}
+        for name in action.rewrites:
+            if name not in pushable:
+                raise NotImplementedError(
+                    f"the Flower server cannot carry out {type(action).__name__} yet: it rewrites the "
+                    f"clients' {name!r}, which the nodes hold"
+                )
+            self.pushed.add(name)
 
     def estimate(self, grid: Grid, federation: Federation, state: ClientState, round_index: int) -> Tensor:
         """An estimation pass (FedSoft's importance): every node scores its clients' training data

@@ -27,6 +27,7 @@ from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConf
 from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.engine.executors.select import EXECUTORS
 from lightning_fedcluster.engine.optimizer_state import OPTIMIZER_STATES
+from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
@@ -196,6 +197,29 @@ class FederatedStrategy(DDPStrategy):
     def algorithm(self) -> Any:
         """The algorithm's rule object (pure tensor math from ``lightning_fedcluster.algorithms``)."""
         raise NotImplementedError(f"{type(self).__name__} must define its algorithm")
+
+    @property
+    def plan(self) -> TrainingPlan:
+        """The run's configuration as the engine reads it: a frozen ``TrainingPlan`` of this
+        strategy's settings, built when a fit starts (and for every Flower node)."""
+        return TrainingPlan(
+            name=type(self).__name__.removesuffix("Strategy"),
+            rule=self.algorithm,
+            num_clusters=self.num_clusters,
+            seed=self.seed,
+            local_steps=self.local_steps,
+            local_epochs=self.local_epochs,
+            drop_last=self.drop_last,
+            shared_layers=tuple(self.shared_layers),
+            optimizer_state=self.local_optimizer_state,
+            logits_from=self.logits_from,
+            server_lr=self.server_lr,
+            server_optimizer=self.server_optimizer_config,
+            executor=self.executor,
+            clients_per_round=self.clients_per_round,
+            clients_per_chunk=self.clients_per_chunk,
+            finetune_epochs=self.finetune_epochs,
+        )
 
     def round_schedule(
         self, datamodule: Any, client_state: Callable[[], ClientState] | None = None

@@ -266,10 +266,10 @@ class LoopExecutor:
 
     @staticmethod
     def setup(module: ClusteredModule) -> LocalSetup:
-        strategy = module.trainer.strategy
+        plan = module.plan
         return LocalSetup(
-            module.copies, module.rule, module.task, module.seed, module.pass_rows, module.batch_size,
-            strategy.local_epochs, strategy.drop_last, module.device, module.logits_from,
+            module.copies, plan.rule, module.task, module.seed, module.pass_rows, module.batch_size,
+            plan.local_epochs, plan.drop_last, module.device, module.logits_from,
         )  # fmt: skip
 
     @staticmethod

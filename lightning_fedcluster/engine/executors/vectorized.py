@@ -130,15 +130,15 @@ class VectorizedExecutor:
                     for anchor, coefficient in work.plan.proximal[s] if work.plan.proximal else ():
                         proximal[c, k, anchor] += coefficient
         trained = torch.tensor([[k in work.trained for k in range(k_total)] for work in works])
-        strategy = module.trainer.strategy
-        if strategy.local_epochs is None:
+        plan = module.plan
+        if plan.local_epochs is None:
             batches = engine_batches(
                 x, y, weights, local_offsets, [w.order for w in works], steps, module.batch_size, trained
             )
         else:
             batches = epoch_engine_batches(
-                x, y, weights, local_offsets, self.epoch_orders(module, works, steps, strategy.drop_last),
-                steps, module.batch_size, strategy.drop_last, trained,
+                x, y, weights, local_offsets, self.epoch_orders(module, works, steps, plan.drop_last),
+                steps, module.batch_size, plan.drop_last, trained,
             )  # fmt: skip
         uses_proximal = bool(proximal.any())
         layout = module.optimizer_layout

@@ -1,0 +1,201 @@
+"""The federation core: a round's server sequence, written once.
+
+``RoundDriver`` runs the server's side of every round over a ``ServerState`` without a Trainer:
+``prepare_round`` (an estimation pass when the rule asks, before the round's clients are
+chosen), ``begin_round`` (the round's clients, the global snapshot and the accumulators), and
+``end_round`` (sum the processes' updates, apply them with the server step, store the clients'
+reports, run the rule's server actions, load the new global models, step the LR schedulers and
+prepare the next round). The Lightning module's hooks and the Flower ServerApp are adapters: they
+deliver the clients' work into the ``RoundState`` (Lightning: executors on local data; Flower:
+the nodes' replies) and log the returned metrics; neither spells out the sequence.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_fedcluster.algorithms.actions import ServerAction
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.schedule import RoundSchedule
+from lightning_fedcluster.engine import server, vectors
+from lightning_fedcluster.engine.copies import ClusterCopies
+from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.round import Reduce, RoundState
+from lightning_fedcluster.engine.schedulers import RoundSchedulers
+from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
+from lightning_fedcluster.engine.setup_checks import check_loss_growth
+
+
+def initial_client_state(
+    plan: TrainingPlan, num_clients: int, num_classes: int, num_samples: int, per_sample: bool = True
+) -> ClientState:
+    """The client store at the start of a run: ω uniform, no label sums, the rule's extras (its
+    per-sample entries only with ``per_sample``: a deployment's server never holds them) and the
+    clusters it starts alive. The one place a store is created (module, Flower server and nodes)."""
+    state = ClientState.initial(num_clients, num_classes, plan.num_clusters)
+    extras = plan.rule.initial_extra(num_clients, num_samples)
+    if not per_sample:
+        extras = {name: v for name, v in extras.items() if name not in plan.rule.per_sample_state}
+    state.extra.update(extras)
+    state.active = plan.rule.initial_active()
+    return state
+
+
+@dataclass
+class ServerState:
+    """What the server holds between rounds: the K working copies (holding the global models
+    between rounds), the client store, the server optimizer (None: plain averaging) and the
+    local solver's LR schedulers (stepped once per round)."""
+
+    copies: ClusterCopies
+    client_state: ClientState
+    server_optimizer: ServerOptimizer | None
+    schedulers: RoundSchedulers
+
+
+@dataclass(frozen=True)
+class ClientDirectory:
+    """What the server knows of the clients: training sizes [M], class count (0: regression)
+    and the task."""
+
+    train_sizes: Tensor
+    num_classes: int
+    task: str
+
+    @property
+    def offsets(self) -> Tensor:
+        """Row offsets [M + 1] of every client's training samples, in client order."""
+        return torch.cat([torch.zeros(1, dtype=torch.long), self.train_sizes.cumsum(0)])
+
+
+class _ActionTarget:
+    """A rule's server actions act on the round's global models and the server's store; a
+    replaced model restarts its server-optimizer state."""
+
+    def __init__(
+        self, server_state: ServerState, global_clusters: list[list[Tensor]], say: Callable[[str], None]
+    ) -> None:
+        self.client_state = server_state.client_state
+        self.global_clusters = global_clusters
+        self._optimizer = server_state.server_optimizer
+        self.say = say
+
+    def model_replaced(self, cluster: int) -> None:
+        if self._optimizer is not None:
+            self._optimizer.reset(cluster_group(cluster))
+
+
+class RoundDriver:
+    """The server side of a run's rounds.
+
+    Args:
+        plan: the run's configuration.
+        state: the server's state (owned by the caller, which checkpoints it).
+        schedule: which clients take part in each round.
+        clients: training sizes, class count and task.
+        estimate: round → every client's estimate [M, K] for an estimation pass (the Lightning
+            engine scores local data; the Flower server asks its nodes).
+        device: where the round's accumulators live.
+        optimizer_size: length of a client's persistent optimizer-state vector (None: reset).
+        personal_vectors: whether the clients' personal models come back to the server (the
+            Lightning engine keeps them in its store; Flower nodes keep their own).
+        num_rounds: rounds in the run (None: unbounded); no estimation pass after the last.
+        say: where actions' notes go (rank zero's console, a logger).
+        check_action: called with every action before it applies (a deployment refuses what its
+            nodes cannot mirror).
+    """
+
+    def __init__(
+        self,
+        plan: TrainingPlan,
+        state: ServerState,
+        schedule: RoundSchedule,
+        clients: ClientDirectory,
+        *,
+        estimate: Callable[[int], Tensor] | None = None,
+        device: torch.device | None = None,
+        optimizer_size: int | None = None,
+        personal_vectors: bool = True,
+        num_rounds: int | None = None,
+        say: Callable[[str], None] = print,
+        check_action: Callable[[ServerAction], None] | None = None,
+    ) -> None:
+        self.plan, self.state, self.schedule, self.clients = plan, state, schedule, clients
+        self.estimate, self.device = estimate, device or torch.device("cpu")
+        self.optimizer_size, self.personal_vectors = optimizer_size, personal_vectors
+        self.num_rounds, self.say, self.check_action = num_rounds, say, check_action
+        self.first_loss: float | None = None
+
+    @property
+    def rule(self):  # noqa: ANN201 - the plan's Algorithm
+        return self.plan.rule
+
+    # -- the round's sequence ----------------------------------------------------------------
+    def prepare_round(self, round_index: int) -> None:
+        """Server work before a round's clients are chosen: an estimation pass when the rule asks
+        (FedSoft, every τ rounds), whose actions apply at once."""
+        state = self.state.client_state
+        if not self.rule.needs_estimation(round_index, state):
+            return
+        if self.estimate is None:
+            raise RuntimeError(f"{type(self.rule).__name__} needs an estimation pass but none is wired")
+        estimates = self.estimate(round_index)
+        self.apply(self.rule.after_estimation(state, estimates, round_index), [])
+
+    def begin_round(self, round_index: int) -> RoundState:
+        """The round's clients, the global snapshot it starts from, and its accumulators."""
+        state, rule, sizes = self.state.client_state, self.rule, self.clients.train_sizes
+        clients = self.schedule.clients(round_index)
+        wants = rule.round_vectors(state)
+        sends = wants is not None and (self.personal_vectors or wants != "personal")
+        round_state = RoundState(
+            round_index,
+            clients,
+            sizes[clients],
+            self.state.copies.snapshot(),
+            rule,
+            state,
+            self.clients.num_classes,
+            vectors.vector_size(self.state.copies, rule, state) if sends else 0,
+            self.device,
+            optimizer_size=self.optimizer_size,
+        )
+        round_state.membership = rule.round_membership(round_index, state, sizes, self.plan.seed)
+        return round_state
+
+    def end_round(self, round_state: RoundState, reduce: Reduce | None = None) -> dict[str, float]:
+        """Close a round whose clients' work is in ``round_state``: ``reduce`` sums it over
+        processes (None: already complete), then the server step, the clients' reports into
+        the store, the rule's actions, the new global models into the working copies, the LR
+        schedulers and the next round's preparation. Returns the round's training metrics."""
+        state, rule = self.state.client_state, self.rule
+        if reduce is not None:
+            round_state.reduce(reduce)
+        round_state.apply(self.plan.server_lr, self.state.server_optimizer)
+        server.record_round(rule, state, round_state, self.clients.offsets)
+        outcome = server.round_outcome(round_state, self.clients.train_sizes)
+        self.apply(rule.after_round(state, outcome), round_state.global_clusters)
+        self.state.copies.load((round_state.global_clusters, round_state.global_shared))
+        metrics = server.round_metrics(round_state, state, self.clients.task)
+        self.first_loss = check_loss_growth(self.first_loss, metrics["train/loss"], round_state.round_index)
+        with warnings.catch_warnings():  # a solver that only the nodes step (Flower) never steps here
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+            self.state.schedulers.step(round_state.round_index, metrics)
+        following = round_state.round_index + 1
+        if self.num_rounds is None or following < self.num_rounds:
+            self.prepare_round(following)
+        return metrics
+
+    def apply(self, actions: list[ServerAction], global_clusters: list[list[Tensor]]) -> None:
+        """The rule's server actions, in order, on ``global_clusters`` and the client store."""
+        target = _ActionTarget(self.state, global_clusters, self.say)
+        for action in actions:
+            if self.check_action is not None:
+                self.check_action(action)
+            action.apply(target)

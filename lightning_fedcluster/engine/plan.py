@@ -1,0 +1,48 @@
+"""``TrainingPlan``: the one frozen configuration the engine reads.
+
+A strategy builds it (``FederatedStrategy.plan``) from its arguments when a fit starts, and the
+Flower apps ship it to the nodes; nothing under ``engine/`` reads a strategy or a Trainer for
+its settings. Values are validated by the strategy that builds the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_fedcluster.algorithms.base import Algorithm
+from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What one run trains and how.
+
+    ``name``: the algorithm as the user chose it (the strategy's name without "Strategy"; FedEM
+    and FedRC share a rule class). ``rule``: the algorithm's rules (plain tensors). The local step
+    plan is ``local_steps`` or ``local_epochs`` passes (``drop_last``); ``optimizer_state`` is
+    "reset" or "persist"; ``server_lr`` and ``server_optimizer`` make the server step;
+    ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation;
+    ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning.
+    """
+
+    name: str
+    rule: Algorithm
+    num_clusters: int
+    seed: int = 0
+    local_steps: int | None = 5
+    local_epochs: int | None = None
+    drop_last: bool = False
+    shared_layers: tuple[str, ...] = ()
+    optimizer_state: str = "reset"
+    logits_from: Any = None
+    server_lr: float = 1.0
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    executor: str = "auto"
+    clients_per_round: int | None = None
+    clients_per_chunk: int | None = None
+    finetune_epochs: int = 0
+
+    @property
+    def persists_optimizer_state(self) -> bool:
+        return self.optimizer_state == "persist"
