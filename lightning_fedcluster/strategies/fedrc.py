@@ -24,8 +24,8 @@ class FedRCStrategy(FederatedStrategy):
         reseed_threshold: a remedy for dead clusters, off by default and in the paper presets
             (e.g. 0.05): after a round, the emptiest cluster whose share of γ is below it restarts
             as a copy of the largest cluster, which hands it a seeded random half of its clients
-            (``lightning_fedcluster.algorithms.reseed``). Not with ``removal_threshold``,
-            ``adam_gamma`` or a ``server_optimizer``.
+            (``lightning_fedcluster.algorithms.reseed``); a server optimizer restarts its state
+            for the re-seeded cluster. Not with ``removal_threshold`` or ``adam_gamma``.
         other arguments: see :class:`FederatedStrategy` (e.g. ``finetune_epochs=1`` is FedRC-FT,
             ``shared_layers=("features",)`` a shared feature extractor with clustered heads).
     """
@@ -55,7 +55,7 @@ class FedRCStrategy(FederatedStrategy):
             raise ValueError(
                 f"removal_threshold must be in (0, 1) (the paper uses 0.05), got {removal_threshold!r}"
             )
-        check_reseed(reseed_threshold, removal_threshold, adam_gamma, self.server_optimizer_config.kind)
+        check_reseed(reseed_threshold, removal_threshold, adam_gamma)
         if not self.use_label_stats and (label_noise_std != 0.0):
             raise ValueError("label_noise_std applies to FedRC's label statistics; FedEM has none")
         self.hard_prediction = hard_prediction
@@ -89,7 +89,7 @@ class FedRCStrategy(FederatedStrategy):
             )
 
 
-def check_reseed(threshold: float | None, removal: float | None, adam_gamma: bool, server: str) -> None:
+def check_reseed(threshold: float | None, removal: float | None, adam_gamma: bool) -> None:
     """ValueError unless ``reseed_threshold`` is None, or in (0, 1) and without a conflicting option."""
     if threshold is None:
         return
@@ -98,7 +98,6 @@ def check_reseed(threshold: float | None, removal: float | None, adam_gamma: boo
     conflicts = {
         "removal_threshold": removal is not None,  # one removes the clusters the other revives
         "adam_gamma": adam_gamma,  # per-sample γ would have to be split too
-        "server_optimizer": server != "none",  # the re-seeded cluster's server state would be stale
     }
     named = [name for name, on in conflicts.items() if on]
     if named:

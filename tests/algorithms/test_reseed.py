@@ -54,9 +54,11 @@ def test_a_split_moves_omega_and_label_mass_and_restarts_the_targets_optimizer_s
     assert not bool(state.optimizer_started[:, 2].any()) and bool(state.optimizer_started[:, :2].all())
 
 
-def _fit(rounds: int, reseed: float | None = 0.34, **trainer_options):
+def _fit(rounds: int, reseed: float | None = 0.34, server_optimizer: str = "none", **trainer_options):
     options = {} if reseed is None else {"reseed_threshold": reseed}
-    strategy = lf.FedRCStrategy(3, local_steps=2, clients_per_round=4, executor="loop", **options)
+    strategy = lf.FedRCStrategy(
+        3, local_steps=2, clients_per_round=4, executor="loop", server_optimizer=server_optimizer, **options
+    )
     trainer = make_trainer(strategy, max_epochs=rounds, **trainer_options)
     trainer.fit(MLPClassifier(lr=0.05), datamodule=DigitsFederated(num_clients=6, concepts=2, seed=0))
     return trainer
@@ -79,6 +81,17 @@ def test_a_reseeded_cluster_restarts_from_the_largest_ones_model_and_is_off_by_d
     assert len(_identical_clusters(reseeded)) == 1
     assert _identical_clusters(plain) == []
     assert plain.strategy.algorithm.reseed_threshold is None
+
+
+def test_a_reseeded_cluster_restarts_its_server_optimizer_state():
+    """With server momentum, the re-seeded cluster is a copy of the largest one's model and starts
+    without velocity (its old direction belonged to the dead model); the others keep theirs."""
+    trainer = _fit(1, server_optimizer="momentum")
+    ((a, b),) = _identical_clusters(trainer)  # the re-seeded cluster and the one it copies
+    groups = {key.split(".", 1)[0] for key in trainer.lightning_module.server_optimizer.state}
+    (other,) = {0, 1, 2} - {a, b}
+    assert f"cluster{other}" in groups
+    assert len({f"cluster{a}", f"cluster{b}"} & groups) == 1  # the copied one kept its velocity
 
 
 def test_reseeding_resumes_exactly_from_a_round_checkpoint(tmp_path):
@@ -109,7 +122,6 @@ def test_reseeding_resumes_exactly_from_a_round_checkpoint(tmp_path):
         ({"reseed_threshold": 1.5}, "reseed_threshold must be in"),
         ({"reseed_threshold": 0.05, "removal_threshold": 0.05}, "removal_threshold"),
         ({"reseed_threshold": 0.05, "adam_gamma": True}, "adam_gamma"),
-        ({"reseed_threshold": 0.05, "server_optimizer": "momentum"}, "server_optimizer"),
     ],
 )
 def test_bad_reseed_options_are_refused_by_name(options, message):
