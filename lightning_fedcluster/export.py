@@ -7,13 +7,12 @@ from __future__ import annotations
 import copy
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
+from lightning_fedcluster.engine.host import TrainingHost
 
 EXPORT_KEY = "fedcluster_export"  # what the exported checkpoint records about its cluster
 
@@ -47,13 +46,13 @@ def lightning_checkpoint(model: pl.LightningModule, extra: dict[str, Any]) -> di
 class ClusterExport:
     """The ClusteredModule's export API (a mixin over its cluster copies ``models``)."""
 
-    def active_clusters(self: ClusteredModule) -> list[int]:
+    def active_clusters(self: TrainingHost) -> list[int]:
         """The clusters alive: all K, except FedRC's removed clusters and CFL's clusters not yet split off."""
         if self.client_state is None:
             return list(range(self.num_clusters))
         return [int(k) for k in self.client_state.active.nonzero().flatten()]
 
-    def cluster_module(self: ClusteredModule, k: int) -> pl.LightningModule:
+    def cluster_module(self: TrainingHost, k: int) -> pl.LightningModule:
         """Cluster k's trained model as the user's LightningModule (its own class, forward,
         hyper-parameters and ``configure_optimizers``), a copy detached from the trainer on this
         module's device. With ``shared_layers`` the copy holds the shared layers too (its own copy).
@@ -69,7 +68,7 @@ class ClusterExport:
             )
         return detached_copy(self.models[k])
 
-    def export_clusters(self: ClusteredModule, directory: str | Path) -> dict[int, Path]:
+    def export_clusters(self: TrainingHost, directory: str | Path) -> dict[int, Path]:
         """Write ``cluster_{k}.ckpt`` for every active cluster k into ``directory`` (created if
         needed): Lightning checkpoints that ``MyModule.load_from_checkpoint(path)`` loads, the
         weights of cluster k and the hyper-parameters of the module you passed. Inactive clusters

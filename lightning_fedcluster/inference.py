@@ -6,7 +6,6 @@ The mixture itself is ``engine.evaluation.mixture_prediction``, the one the eval
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -17,9 +16,7 @@ from lightning_fedcluster.engine.evaluation import (
     personal_prediction,
     predicts_per_client,
 )
-
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
+from lightning_fedcluster.engine.host import TrainingHost
 
 UNSEEN = -1  # the client id of a row from a client without labels: predicted with the mixture prior
 
@@ -43,7 +40,7 @@ class ClientPredictor:
     """A client's mixture weights ω [K] and its predictor p(y|x) (or ŷ for regression)."""
 
     omega: Tensor
-    module: ClusteredModule
+    module: TrainingHost
 
     def predict_proba(self, x: Tensor) -> Tensor:
         return self.module.predict_proba(x, self.omega)
@@ -57,7 +54,7 @@ class NewClients:
     """The ClusteredModule's inference API (a mixin: it uses the module's cluster models and rule)."""
 
     @torch.no_grad()
-    def adapt(self: ClusteredModule, x: Tensor, y: Tensor) -> Tensor:
+    def adapt(self: TrainingHost, x: Tensor, y: Tensor) -> Tensor:
         """Mixture weights ω [K] of a client that took no part in training, from its labelled
         data (the algorithm's rule: iterated E-step, lowest loss, ...); the models are not changed."""
         assert self.client_state is not None
@@ -65,11 +62,11 @@ class NewClients:
         active = self.client_state.active.to(self.device)
         return self.rule.unseen_client_mixture(losses, y.to(self.device), self.current_label_stats(), active)
 
-    def new_client(self: ClusteredModule, x: Tensor, y: Tensor) -> ClientPredictor:
+    def new_client(self: TrainingHost, x: Tensor, y: Tensor) -> ClientPredictor:
         """A predictor for a new client from its labelled data, without training the cluster models."""
         return ClientPredictor(omega=self.adapt(x, y), module=self)
 
-    def mixture_prior(self: ClusteredModule) -> Tensor:
+    def mixture_prior(self: TrainingHost) -> Tensor:
         """ω [K] of a client without labels: the participating clients' ω weighted by their
         training samples (``inference.mixture_prior``)."""
         state = self._trained_state()
@@ -82,7 +79,7 @@ class NewClients:
         sizes = datamodule.train_sizes
         return mixture_prior(state.omega, sizes, state.seen, state.active).to(self.device)
 
-    def client_omega(self: ClusteredModule, client: int | None = None) -> Tensor:
+    def client_omega(self: TrainingHost, client: int | None = None) -> Tensor:
         """ω [K] of participating client ``client`` (from its last round), or the mixture prior for
         ``None`` (a client without labels)."""
         if client is None or client == UNSEEN:
@@ -90,13 +87,13 @@ class NewClients:
         ids = self._client_ids(client, 1)
         return self._trained_state().omega[int(ids[0])].to(self.device)
 
-    def omega_table(self: ClusteredModule) -> Tensor:
+    def omega_table(self: TrainingHost) -> Tensor:
         """[M + 1, K]: every participating client's ω, then the mixture prior (row M, for -1)."""
         return torch.cat([self._trained_state().omega.to(self.device), self.mixture_prior().unsqueeze(0)])
 
     @torch.no_grad()
     def predict_proba(
-        self: ClusteredModule, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
+        self: TrainingHost, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
     ) -> Tensor:
         """p(y|x) [N, C] (regression: the mixture prediction [N, D]) of the cluster models.
 
@@ -130,18 +127,18 @@ class NewClients:
         return out
 
     def predict(
-        self: ClusteredModule, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
+        self: TrainingHost, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
     ) -> Tensor:
         """Predicted labels [N] (regression: predictions [N, D]); arguments as ``predict_proba``."""
         out = self.predict_proba(x, omega, client=client)
         return out.argmax(1) if self.task == "classification" else out
 
-    def current_label_stats(self: ClusteredModule) -> Tensor | None:
+    def current_label_stats(self: TrainingHost) -> Tensor | None:
         assert self.client_state is not None
         stats = self.rule.log_label_stats(self.client_state)
         return None if stats is None else stats.to(self.device)
 
-    def _trained_state(self: ClusteredModule) -> ClientState:
+    def _trained_state(self: TrainingHost) -> ClientState:
         if self.client_state is None:
             raise RuntimeError(
                 "the ClusteredModule has no client state yet: predict after trainer.fit (with the module fit "
@@ -149,7 +146,7 @@ class NewClients:
             )
         return self.client_state
 
-    def _client_ids(self: ClusteredModule, client: int | Tensor, rows: int) -> Tensor:
+    def _client_ids(self: TrainingHost, client: int | Tensor, rows: int) -> Tensor:
         """``client`` as a LongTensor [rows] of participating-client indices or -1, checked."""
         count = self._trained_state().num_clients
         ids = torch.as_tensor(client)

@@ -177,10 +177,9 @@ class ClusteredModule(
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
         from lightning_fedcluster.datamodules.federated import FederatedDataModule
-        from lightning_fedcluster.strategies.federated import FederatedStrategy
 
         strategy, datamodule = self.trainer.strategy, self.trainer.datamodule
-        check_training_setup(strategy, datamodule, self.num_clusters, FederatedStrategy, FederatedDataModule)
+        check_training_setup(strategy, datamodule, self.num_clusters, FederatedDataModule)
         self.plan = strategy.plan
         self.task = getattr(datamodule, "task", "classification")
         if self.task == "regression" and self.rule.uses_label_stats:

@@ -23,7 +23,7 @@ All outputs are on the CPU; ``concat_predictions`` joins the batches.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -31,11 +31,9 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from lightning_fedcluster.engine.evaluation import Evaluation
+from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.inference import UNSEEN, NewClients
-
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
 
 
 class ClientInputs(Dataset):
@@ -91,7 +89,7 @@ def concat_predictions(batches: Sequence[Mapping[str, Tensor]]) -> dict[str, Ten
 class PredictionHooks(NewClients):
     """The ClusteredModule's predict hooks (a mixin over the inference API)."""
 
-    def on_predict_epoch_start(self: ClusteredModule) -> None:
+    def on_predict_epoch_start(self: TrainingHost) -> None:
         self._prediction_rows: Evaluation | None = None
         state = self._trained_state()
         if not bool(state.seen.any()):
@@ -101,10 +99,10 @@ class PredictionHooks(NewClients):
                 "also maps to it) or a checkpoint (trainer.predict(..., ckpt_path=...))"
             )
 
-    def on_predict_epoch_end(self: ClusteredModule) -> None:
+    def on_predict_epoch_end(self: TrainingHost) -> None:
         self._prediction_rows = None
 
-    def predict_step(self: ClusteredModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict:
+    def predict_step(self: TrainingHost, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict:
         """Personalised predictions of one batch (see the module docstring for the dict's keys)."""
         if isinstance(batch, EvaluationChunk):
             return self._datamodule_predictions(batch)
@@ -115,7 +113,7 @@ class PredictionHooks(NewClients):
         omega = table[torch.where(ids < 0, table.shape[0] - 1, ids)]
         return self._prediction_dict(prediction, client=ids, omega=omega)
 
-    def _datamodule_predictions(self: ClusteredModule, item: EvaluationChunk) -> dict[str, Tensor]:
+    def _datamodule_predictions(self: TrainingHost, item: EvaluationChunk) -> dict[str, Tensor]:
         if getattr(self, "_prediction_rows", None) is None:
             self._prediction_rows = Evaluation(self, "test")
         rows, dm = self._prediction_rows, self.trainer.datamodule
@@ -151,7 +149,7 @@ class PredictionHooks(NewClients):
             omega=self._trained_state().omega[ids],
         )
 
-    def _prediction_dict(self: ClusteredModule, prediction: Tensor, **fields: Tensor) -> dict[str, Tensor]:
+    def _prediction_dict(self: TrainingHost, prediction: Tensor, **fields: Tensor) -> dict[str, Tensor]:
         out = {name: value.detach().cpu() for name, value in fields.items()}
         prediction = prediction.detach().cpu()
         if self.task == "classification":

@@ -6,7 +6,7 @@ working copies then hold a client's local weights)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
@@ -15,14 +15,12 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import local_optimizer
+from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.server_optimizer import SERVER_OPTIMIZER_KEY, ServerOptimizer
 
 CLIENT_STATE_KEY = "fedcluster_client_state"
 METADATA_KEY = "fedcluster_metadata"
 _PLAIN = (int, float, bool, str, type(None))
-
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
 
 
 def algorithm_config(rule: Algorithm) -> dict[str, Any]:
@@ -120,10 +118,10 @@ def check_solver_layout(saved: dict[str, Any], optimizer: Any) -> None:
 
 
 class CheckpointHooks:
-    """The ClusteredModule's checkpoint hooks (a mixin): the client store and the metadata above
+    """The TrainingHost's checkpoint hooks (a mixin): the client store and the metadata above
     go into every checkpoint; loading checks them before the client store is restored."""
 
-    def on_save_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
+    def on_save_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
         if self.server_optimizer is not None:
             ckpt[SERVER_OPTIMIZER_KEY] = self.server_optimizer.state_dict()
         if self.client_state is None:
@@ -137,7 +135,7 @@ class CheckpointHooks:
         name = self.plan.name
         ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress)
 
-    def on_load_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
+    def on_load_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
         if (
             self._trainer is not None
             and self.trainer.state.fn == TrainerFn.FITTING
@@ -154,7 +152,7 @@ class CheckpointHooks:
             self._load_client_state(state, ckpt.get(METADATA_KEY))
 
     def _load_client_state(
-        self: ClusteredModule, state: dict[str, Tensor], saved: dict[str, Any] | None
+        self: TrainingHost, state: dict[str, Tensor], saved: dict[str, Any] | None
     ) -> None:
         assert self.client_state is not None
         name = self.plan.name

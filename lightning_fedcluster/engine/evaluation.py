@@ -13,7 +13,6 @@ are scored client by client.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -21,11 +20,9 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.engine.copies import Snapshot
 from lightning_fedcluster.engine.executors.loop import finetune
+from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.metrics.clustering import concept_ari
-
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
 
 
 def score(prediction: Tensor, y: Tensor, task: str) -> Tensor:
@@ -35,9 +32,7 @@ def score(prediction: Tensor, y: Tensor, task: str) -> Tensor:
     return (prediction.argmax(1) == y).sum().double()
 
 
-def mixture_prediction(
-    module: ClusteredModule, x: Tensor, omega: Tensor, owner: Tensor | None = None
-) -> Tensor:
+def mixture_prediction(module: TrainingHost, x: Tensor, omega: Tensor, owner: Tensor | None = None) -> Tensor:
     """p(y|x) = Σ_k w_k p_k(y|x) (or the weighted regression prediction) of the cluster models,
     with w the rule's prediction weights of ω. ``omega`` is one client's [K], or [C, K] for C
     clients with ``owner`` [N] naming each row's client (an index into ``omega``)."""
@@ -49,14 +44,14 @@ def mixture_prediction(
     return mixture_probabilities(outputs, weights[owner.to(outputs.device)])
 
 
-def predicts_per_client(module: ClusteredModule) -> bool:
+def predicts_per_client(module: TrainingHost) -> bool:
     """Whether a participating client's prediction needs its own model: personal models (FedSoft,
     D-FedEM) or cluster models fine-tuned on its data (FedRC-FT), not just its mixture weights."""
     return module.rule.keeps_personal_models or module.finetune_epochs > 0
 
 
 def personal_prediction(
-    module: ClusteredModule, client: int, x: Tensor, log_label_stats: Tensor | None, snapshot: Snapshot
+    module: TrainingHost, client: int, x: Tensor, log_label_stats: Tensor | None, snapshot: Snapshot
 ) -> Tensor:
     """Participating client's prediction on x from its personal model(s), or from the cluster
     models fine-tuned on its training data (FedRC-FT); the working copies are restored to
@@ -82,7 +77,7 @@ class Evaluation:
     """One validation or test pass: sums [2 + 2G] = (local score, local count, then score and
     count of each of the G global clients), reduced over processes at the end."""
 
-    def __init__(self, module: ClusteredModule, stage: str) -> None:
+    def __init__(self, module: TrainingHost, stage: str) -> None:
         dm = module.trainer.datamodule
         self.stage = stage
         self.sums = torch.zeros(2 + 2 * dm.num_global_clients, dtype=torch.float64, device=module.device)
@@ -100,13 +95,13 @@ class Evaluation:
         start, stop = int(offsets[index]), int(offsets[index + 1])
         return x[start:stop], y[start:stop]
 
-    def local_chunk(self, module: ClusteredModule, clients: list[int]) -> None:
+    def local_chunk(self, module: TrainingHost, clients: list[int]) -> None:
         """Score consecutive participating clients on their test rows."""
         x_all, y_all, offsets = self.rows["local"]
         y = y_all[int(offsets[clients[0]]) : int(offsets[clients[-1] + 1])]
         self.add(0, self.local_prediction(module, clients), y, module.task)
 
-    def local_prediction(self, module: ClusteredModule, clients: list[int]) -> Tensor:
+    def local_prediction(self, module: TrainingHost, clients: list[int]) -> Tensor:
         """The predictions [N, C] (or [N, D]) of consecutive participating clients on their rows of
         the stage: each client's mixture of the cluster models with its own ω, or its personal model."""
         assert module.client_state is not None
@@ -123,12 +118,12 @@ class Evaluation:
         owner = torch.arange(len(clients), device=module.device).repeat_interleave(sizes)
         return mixture_prediction(module, x, module.client_state.omega[clients], owner)
 
-    def global_client(self, module: ClusteredModule, index: int) -> None:
+    def global_client(self, module: TrainingHost, index: int) -> None:
         """An unseen client: ω from its adapt rows by the rule, then scored on its other rows."""
         _, prediction = self.global_prediction(module, index)
         self.add(2 + 2 * index, prediction, self.client_rows("global_score", index)[1], module.task)
 
-    def global_prediction(self, module: ClusteredModule, index: int) -> tuple[Tensor, Tensor]:
+    def global_prediction(self, module: TrainingHost, index: int) -> tuple[Tensor, Tensor]:
         """An unseen client's ω [K], fitted by the rule on its adapt rows, and its predictions on
         its score rows."""
         assert module.client_state is not None
@@ -143,7 +138,7 @@ class Evaluation:
         self.sums[slot] += score(prediction, y, task)
         self.sums[slot + 1] += float(y.shape[0])
 
-    def metrics(self, module: ClusteredModule, stage: str) -> dict[str, float]:
+    def metrics(self, module: TrainingHost, stage: str) -> dict[str, float]:
         """Sum over processes and turn the sums into the stage's metrics."""
         assert module.client_state is not None
         sums = module.reduce_sum(self.sums).cpu()
@@ -162,22 +157,22 @@ class Evaluation:
 
 
 class EvaluationHooks:
-    """The ClusteredModule's validation and test hooks (a mixin): one ``Evaluation`` per pass,
+    """The TrainingHost's validation and test hooks (a mixin): one ``Evaluation`` per pass,
     one chunk of clients (or one unseen client) per step, metrics logged at the end."""
 
-    def on_validation_epoch_start(self: ClusteredModule) -> None:
+    def on_validation_epoch_start(self: TrainingHost) -> None:
         self._evaluation = Evaluation(self, "val")
 
-    def on_test_epoch_start(self: ClusteredModule) -> None:
+    def on_test_epoch_start(self: TrainingHost) -> None:
         self._evaluation = Evaluation(self, "test")
 
-    def validation_step(self: ClusteredModule, batch: EvaluationChunk, batch_idx: int) -> None:
+    def validation_step(self: TrainingHost, batch: EvaluationChunk, batch_idx: int) -> None:
         self._evaluate(batch)
 
-    def test_step(self: ClusteredModule, batch: EvaluationChunk, batch_idx: int) -> None:
+    def test_step(self: TrainingHost, batch: EvaluationChunk, batch_idx: int) -> None:
         self._evaluate(batch)
 
-    def _evaluate(self: ClusteredModule, item: EvaluationChunk) -> None:
+    def _evaluate(self: TrainingHost, item: EvaluationChunk) -> None:
         assert self._evaluation is not None
         with self.timed("evaluation"):
             if item.global_index >= 0:
@@ -185,13 +180,13 @@ class EvaluationHooks:
             elif item.clients.numel():
                 self._evaluation.local_chunk(self, item.clients.tolist())
 
-    def on_validation_epoch_end(self: ClusteredModule) -> None:
+    def on_validation_epoch_end(self: TrainingHost) -> None:
         self._finish_evaluation("val")
 
-    def on_test_epoch_end(self: ClusteredModule) -> None:
+    def on_test_epoch_end(self: TrainingHost) -> None:
         self._finish_evaluation("test")
 
-    def _finish_evaluation(self: ClusteredModule, stage: str) -> None:
+    def _finish_evaluation(self: TrainingHost, stage: str) -> None:
         assert self._evaluation is not None
         metrics = self._evaluation.metrics(self, stage)
         self._evaluation = None

@@ -18,11 +18,10 @@ SAMPLE_ROWS = 8
 LOSS_GROWTH_FACTOR = 100.0
 
 
-def check_training_setup(
-    strategy: Any, datamodule: Any, num_clusters: int, strategy_type: type, datamodule_type: type
-) -> None:
-    """A federated strategy and datamodule whose K agrees with the module's."""
-    if not isinstance(strategy, strategy_type):
+def check_training_setup(strategy: Any, datamodule: Any, num_clusters: int, datamodule_type: type) -> None:
+    """A federated strategy (one that builds a ``TrainingPlan``) and datamodule whose K agrees
+    with the module's."""
+    if not isinstance(getattr(type(strategy), "plan", None), property):
         raise TypeError(
             f"ClusteredModule trains under a federated strategy, got {type(strategy).__name__}: "
             "pass e.g. Trainer(strategy=FedRCStrategy(num_clusters=3))"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -31,19 +31,17 @@ from lightning_fedcluster.engine.client import (
     train_metric_sums,
 )
 from lightning_fedcluster.engine.copies import ClusterCopies, local_optimizer
+from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import evaluate_models, per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import StateLayout, load_state, read_state
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.work_items import ClientStep
 
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
-
 
 class Copies(Protocol):
     """What the local objective reads: the K models, their federated tensors, task, where the
-    logits are in the output, and device (a ``ClusteredModule`` or a ``LocalSetup``)."""
+    logits are in the output, and device (a ``TrainingHost`` or a ``LocalSetup``)."""
 
     models: nn.ModuleList
     copies: ClusterCopies
@@ -254,7 +252,7 @@ class LoopExecutor:
     def __init__(self) -> None:
         self.turn: ClientTurn | None = None
 
-    def run_item(self, module: ClusteredModule, item: ClientStep) -> None:
+    def run_item(self, module: TrainingHost, item: ClientStep) -> None:
         if item.step == 0:
             with module.timed("e_step"):
                 self.start_client(module, item)
@@ -265,7 +263,7 @@ class LoopExecutor:
                 self.finish_client(module)
 
     @staticmethod
-    def setup(module: ClusteredModule) -> LocalSetup:
+    def setup(module: TrainingHost) -> LocalSetup:
         plan = module.plan
         return LocalSetup(
             module.copies, plan.rule, module.task, module.seed, module.pass_rows, module.batch_size,
@@ -273,7 +271,7 @@ class LoopExecutor:
         )  # fmt: skip
 
     @staticmethod
-    def solver(module: ClusteredModule) -> LocalSolver:
+    def solver(module: TrainingHost) -> LocalSolver:
         optimizer = module.optimizers()
         return LocalSolver(
             optimizer.optimizer,
@@ -283,7 +281,7 @@ class LoopExecutor:
             module.optimizer_layout,
         )
 
-    def start_client(self, module: ClusteredModule, item: ClientStep) -> None:
+    def start_client(self, module: TrainingHost, item: ClientStep) -> None:
         """The client contract's first half for one client (``start_turn``), then its personal
         model into the trained copy when the plan asks."""
         client, state, round_state = item.client, module.client_state, module.round
@@ -298,12 +296,12 @@ class LoopExecutor:
         start_personal(self.setup(module), turn, round_state, state, client)
         self.turn = turn
 
-    def local_step(self, module: ClusteredModule, item: ClientStep) -> None:
+    def local_step(self, module: TrainingHost, item: ClientStep) -> None:
         turn = self.turn
         assert turn is not None and module.round is not None and turn.work.client == item.client
         turn_step(self.setup(module), self.solver(module), turn, item.step, module.round.global_clusters)
 
-    def finish_client(self, module: ClusteredModule) -> None:
+    def finish_client(self, module: TrainingHost) -> None:
         """The client's contributions into the round's sums, and its report."""
         turn, round_state, state = self.turn, module.round, module.client_state
         assert turn is not None and round_state is not None and state is not None
@@ -311,7 +309,7 @@ class LoopExecutor:
         self.turn = None
 
 
-def finetune(module: ClusteredModule, client: int, epochs: int, log_label_stats: Tensor | None) -> Tensor:
+def finetune(module: TrainingHost, client: int, epochs: int, log_label_stats: Tensor | None) -> Tensor:
     """FedRC-FT: ``epochs`` local epochs of the client's weighted M-step on the working copies
     (the caller restores them). Returns the client's ω from the E-step before fine-tuning."""
     x, y = module.split("train", client)

@@ -5,8 +5,6 @@ linear and MLP models, 0.5× for the FashionMNIST CNN)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
@@ -19,11 +17,9 @@ from lightning_fedcluster.algorithms.vectorized import (
     stack_models,
 )
 from lightning_fedcluster.engine.copies import local_optimizer
+from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import functional_loss
 from lightning_fedcluster.engine.outputs import logits_selector
-
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
 
 EXECUTORS = ("auto", "loop", "vectorized")
 DEFAULT_CLIENTS_PER_CHUNK = 64
@@ -37,7 +33,7 @@ def only_dense_layers(model: nn.Module) -> bool:
     return bool(owners) and all(isinstance(sub, nn.Linear) for sub in owners)
 
 
-def vectorized_obstacle(module: ClusteredModule) -> str | None:
+def vectorized_obstacle(module: TrainingHost) -> str | None:
     """Why the vectorised executor cannot run this module under its algorithm, or None."""
     rule, model = module.rule, module.models[0]
     name = type(rule).__name__
@@ -62,7 +58,7 @@ def vectorized_obstacle(module: ClusteredModule) -> str | None:
     return None
 
 
-def _dry_run(module: ClusteredModule, x: Tensor, y: Tensor) -> str | None:
+def _dry_run(module: TrainingHost, x: Tensor, y: Tensor) -> str | None:
     """One vectorised step on two samples: catches models that ``torch.func`` cannot run."""
     model = module.models[0]
     try:
@@ -88,7 +84,7 @@ def _dry_run(module: ClusteredModule, x: Tensor, y: Tensor) -> str | None:
     return None
 
 
-def choose_executor(requested: str, module: ClusteredModule, x: Tensor, y: Tensor) -> str:
+def choose_executor(requested: str, module: TrainingHost, x: Tensor, y: Tensor) -> str:
     """Resolve ``executor`` for this module before training. ``x``, ``y``: a few training
     samples for a dry run. "vectorized" that cannot run raises a ValueError naming the reason;
     "auto" falls back to the loop (it is a choice, not a loss)."""
@@ -108,7 +104,7 @@ def choose_executor(requested: str, module: ClusteredModule, x: Tensor, y: Tenso
     return "loop"
 
 
-def chunk_size_for(module: ClusteredModule, requested: int | None) -> int:
+def chunk_size_for(module: TrainingHost, requested: int | None) -> int:
     """Clients per vectorised work item: ``requested``, else the default bounded by memory."""
     if requested is not None:
         return requested

@@ -7,8 +7,6 @@ up to floating-point summation order."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
@@ -32,19 +30,17 @@ from lightning_fedcluster.engine.client import (
     prepare,
     train_metric_sums,
 )
+from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import functional_loss, model_outputs
 from lightning_fedcluster.engine.optimizer_state import momentum_offsets
 from lightning_fedcluster.engine.outputs import logits_selector
 from lightning_fedcluster.engine.work_items import ClientChunk
 
-if TYPE_CHECKING:
-    from lightning_fedcluster.module import ClusteredModule
-
 
 class VectorizedExecutor:
-    """Runs one chunk of clients of the round on a ClusteredModule."""
+    """Runs one chunk of clients of the round on a TrainingHost."""
 
-    def __init__(self, module: ClusteredModule) -> None:
+    def __init__(self, module: TrainingHost) -> None:
         model = module.models[0]
         self.template = functional_template(model)
         self.eval_template = functional_template(model).eval()  # the E-step pass, as the loop's
@@ -55,7 +51,7 @@ class VectorizedExecutor:
         self._momentum_offsets: dict[str, list[int]] | None = None
 
     def round_models(
-        self, module: ClusteredModule, round_index: int
+        self, module: TrainingHost, round_index: int
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The K global models stacked [K, ...], once per round: this executor never writes the
         working copies, so they hold the round's global models for every chunk."""
@@ -63,7 +59,7 @@ class VectorizedExecutor:
             self._stacked = (round_index, *stack_models(module.models))
         return self._stacked[1], self._stacked[2]
 
-    def run_chunk(self, module: ClusteredModule, item: ClientChunk) -> None:
+    def run_chunk(self, module: TrainingHost, item: ClientChunk) -> None:
         """E-step, local training and accumulation of the chunk's clients."""
         round_index, clients = item.round, item.clients.tolist()
         slots = item.slots.tolist()
@@ -109,7 +105,7 @@ class VectorizedExecutor:
 
     def train(
         self,
-        module: ClusteredModule,
+        module: TrainingHost,
         works: list[ClientWork],
         x: Tensor,
         y: Tensor,
@@ -164,7 +160,7 @@ class VectorizedExecutor:
         return theta
 
     def epoch_orders(
-        self, module: ClusteredModule, works: list[ClientWork], steps: Tensor, drop_last: bool
+        self, module: TrainingHost, works: list[ClientWork], steps: Tensor, drop_last: bool
     ) -> list[list[Tensor]]:
         """Each client's permutation for every local epoch it runs this round (the loop's)."""
         orders = []
@@ -176,7 +172,7 @@ class VectorizedExecutor:
             orders.append([work.order, *later])
         return orders
 
-    def momentum_offsets(self, module: ClusteredModule) -> dict[str, list[int]]:
+    def momentum_offsets(self, module: TrainingHost) -> dict[str, list[int]]:
         """Where each parameter's momentum buffer of each copy sits in a client's stored state
         (the layout is fixed for the fit: computed once)."""
         if self._momentum_offsets is None:
@@ -186,7 +182,7 @@ class VectorizedExecutor:
         return self._momentum_offsets
 
     def stored_momentum(
-        self, module: ClusteredModule, works: list[ClientWork], params: dict[str, Tensor]
+        self, module: TrainingHost, works: list[ClientWork], params: dict[str, Tensor]
     ) -> tuple[dict[str, Tensor], Tensor]:
         """The chunk's persistent momentum buffers [C, K, ...] and started flags [C, K]."""
         assert module.client_state is not None and module.optimizer_layout is not None
@@ -208,7 +204,7 @@ class VectorizedExecutor:
         return momentum, started
 
     def store_momentum(
-        self, module: ClusteredModule, works: list[ClientWork], momentum: dict[str, Tensor], started: Tensor
+        self, module: TrainingHost, works: list[ClientWork], momentum: dict[str, Tensor], started: Tensor
     ) -> None:
         """Each client's momentum buffers after training, in the persistent layout."""
         assert module.round is not None and module.optimizer_layout is not None
