@@ -199,6 +199,11 @@ class Algorithm:
         """Each trained copy goes back into its own cluster with weight N_i."""
         return [Contribution(k, k, float(context.num_samples)) for k in plan.clusters]
 
+    def check_clients(self, num_clients: int) -> None:
+        """Raise a ValueError before training when an option does not fit the datamodule's
+        ``num_clients`` clients (e.g. one value per client)."""
+        return None
+
     # -- per-client state beyond ω and label sums ---------------------------------------------
     def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
         """Algorithm-specific client state: [num_clients, ...] or, for names in ``per_sample_state``,

@@ -64,6 +64,7 @@ class FedRC(Algorithm):
         reseed_seed: int = 0,
     ) -> None:
         super().__init__(num_clusters)
+        check_options(use_label_stats, label_noise_std, removal_threshold, reseed_threshold, adam_gamma)
         self.uses_label_stats = use_label_stats
         self.hard_prediction = hard_prediction
         self.hard_training = hard_training
@@ -76,6 +77,14 @@ class FedRC(Algorithm):
         if adam_gamma:
             self.per_sample_state = ("gamma", "adam_m", "adam_v")
             self.per_sample_mixtures = ("gamma",)
+
+    def check_clients(self, num_clients: int) -> None:
+        std = self.label_noise_std
+        if not isinstance(std, (int, float)) and len(std) != num_clients:
+            raise ValueError(
+                f"label_noise_std has {len(std)} values but the datamodule has {num_clients} clients: give "
+                "one σ per client, or a single σ for all"
+            )
 
     def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
         if not self.adam_gamma:
@@ -243,3 +252,36 @@ def clusters_to_remove(
         keep = int(torch.argmax(torch.where(active, share, torch.full_like(share, -1.0))))
         remove[keep] = False
     return remove
+
+
+def check_options(
+    use_label_stats: bool,
+    label_noise_std: float | Sequence[float],
+    removal_threshold: float | None,
+    reseed_threshold: float | None,
+    adam_gamma: bool,
+) -> None:
+    """ValueError, naming the option, for FedRC options out of range or in conflict."""
+    stds = [label_noise_std] if isinstance(label_noise_std, (int, float)) else list(label_noise_std)
+    if any(isinstance(s, bool) or not isinstance(s, (int, float)) or not s >= 0 for s in stds):
+        raise ValueError(
+            f"label_noise_std must be >= 0 (one value or one per client), got {label_noise_std!r}"
+        )
+    if not use_label_stats and label_noise_std != 0.0:
+        raise ValueError("label_noise_std applies to FedRC's label statistics; FedEM has none")
+    if removal_threshold is not None and not 0 < removal_threshold < 1:
+        raise ValueError(
+            f"removal_threshold must be in (0, 1) (the paper uses 0.05), got {removal_threshold!r}"
+        )
+    if reseed_threshold is None:
+        return
+    threshold = reseed_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise ValueError(f"reseed_threshold must be in (0, 1) (e.g. 0.05), got {threshold!r}")
+    conflicts = {
+        "removal_threshold": removal_threshold is not None,  # one removes the clusters the other revives
+        "adam_gamma": adam_gamma,  # per-sample γ would have to be split too
+    }
+    named = [name for name, on in conflicts.items() if on]
+    if named:
+        raise ValueError(f"reseed_threshold cannot be combined with {', '.join(named)}: use one or the other")

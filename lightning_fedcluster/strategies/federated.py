@@ -22,6 +22,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
+from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.schedule import RoundSchedule, local_steps_per_client
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.arguments import check_positive_int, check_seed
@@ -97,8 +98,9 @@ class FederatedStrategy(DDPStrategy):
 
     def __init__(
         self,
-        num_clusters: int = 1,
+        num_clusters: int | None = None,
         *,
+        algorithm: Algorithm | None = None,
         clients_per_round: int | None = None,
         local_steps: int | None = None,
         local_epochs: int | None = None,
@@ -125,12 +127,11 @@ class FederatedStrategy(DDPStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         **unknown: Any,
     ) -> None:
-        valid = [
-            name
-            for name in init_parameters(type(self), FederatedStrategy)
-            if name not in self.fixed_arguments
-        ]
+        builds_own = type(self).algorithm is not FederatedStrategy.algorithm
+        hidden = (*self.fixed_arguments, *(("algorithm",) if builds_own else ()))
+        valid = [name for name in init_parameters(type(self), FederatedStrategy) if name not in hidden]
         reject_unknown(type(self).__name__, unknown, valid)
+        num_clusters = self._take_algorithm(algorithm, num_clusters, builds_own)
         check_positive_int("num_clusters", num_clusters)
         check_positive_int("clients_per_round", clients_per_round, allow_none=True)
         check_positive_int("local_steps", local_steps, allow_none=True)
@@ -193,17 +194,54 @@ class FederatedStrategy(DDPStrategy):
         # references, not a weakref, so that the strategy stays picklable for spawned processes).
         self._wrapped: tuple[pl.LightningModule, pl.LightningModule] | None = None
 
+    def _take_algorithm(self, algorithm: Algorithm | None, num_clusters: int | None, builds_own: bool) -> int:
+        """Keep ``algorithm=`` (the plain FederatedStrategy's way to run any rule); return K."""
+        self._algorithm = algorithm
+        if algorithm is None:
+            if not builds_own:
+                raise TypeError(
+                    "FederatedStrategy needs the algorithm to run: FederatedStrategy(algorithm=FedRC(3), "
+                    "...) with a rule from lightning_fedcluster.algorithms (or your own), or a named "
+                    "strategy such as FedRCStrategy(num_clusters=3)"
+                )
+            return 1 if num_clusters is None else num_clusters
+        if builds_own:
+            raise TypeError(
+                f"{type(self).__name__} builds its own algorithm from its arguments: pass algorithm= to "
+                "FederatedStrategy instead, or drop it"
+            )
+        if not isinstance(algorithm, Algorithm):
+            raise TypeError(
+                f"algorithm must be a rule from lightning_fedcluster.algorithms (an Algorithm), got "
+                f"{type(algorithm).__name__}"
+            )
+        if num_clusters is not None and num_clusters != algorithm.num_clusters:
+            raise ValueError(
+                f"num_clusters={num_clusters} but the algorithm has num_clusters={algorithm.num_clusters}: "
+                "set K once, on the algorithm"
+            )
+        return algorithm.num_clusters
+
     @property
     def algorithm(self) -> Any:
-        """The algorithm's rule object (pure tensor math from ``lightning_fedcluster.algorithms``)."""
-        raise NotImplementedError(f"{type(self).__name__} must define its algorithm")
+        """The algorithm's rule object (pure tensor math from ``lightning_fedcluster.algorithms``):
+        the one given as ``algorithm=``, or the one a named strategy builds from its arguments."""
+        return self._algorithm
+
+    @property
+    def algorithm_name(self) -> str:
+        """The algorithm as the user chose it: the strategy's name without "Strategy" (FedEM and
+        FedRC share a rule class, WeCFL and FeSEM too), or the rule's class given as ``algorithm=``."""
+        if self._algorithm is not None:
+            return type(self._algorithm).__name__
+        return type(self).__name__.removesuffix("Strategy")
 
     @property
     def plan(self) -> TrainingPlan:
         """The run's configuration as the engine reads it: a frozen ``TrainingPlan`` of this
         strategy's settings, built when a fit starts (and for every Flower node)."""
         return TrainingPlan(
-            name=type(self).__name__.removesuffix("Strategy"),
+            name=self.algorithm_name,
             rule=self.algorithm,
             num_clusters=self.num_clusters,
             seed=self.seed,
@@ -269,7 +307,7 @@ class FederatedStrategy(DDPStrategy):
 
     def check_datamodule(self, datamodule: Any) -> None:
         """Validate algorithm options that depend on the data (called before training starts)."""
-        return None
+        self.algorithm.check_clients(datamodule.num_clients)
 
     def connect(self, model: pl.LightningModule) -> None:
         """Wrap a plain LightningModule into K cluster copies; use a ClusteredModule as it is."""

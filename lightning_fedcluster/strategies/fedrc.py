@@ -46,24 +46,7 @@ class FedRCStrategy(FederatedStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_clusters, **kwargs)
-        stds = [label_noise_std] if isinstance(label_noise_std, (int, float)) else list(label_noise_std)
-        if any(isinstance(s, bool) or not isinstance(s, (int, float)) or not s >= 0 for s in stds):
-            raise ValueError(
-                f"label_noise_std must be >= 0 (one value or one per client), got {label_noise_std!r}"
-            )
-        if removal_threshold is not None and not 0 < removal_threshold < 1:
-            raise ValueError(
-                f"removal_threshold must be in (0, 1) (the paper uses 0.05), got {removal_threshold!r}"
-            )
-        check_reseed(reseed_threshold, removal_threshold, adam_gamma)
-        if not self.use_label_stats and (label_noise_std != 0.0):
-            raise ValueError("label_noise_std applies to FedRC's label statistics; FedEM has none")
-        self.hard_prediction = hard_prediction
-        self.hard_training = hard_training
-        self.adam_gamma = adam_gamma
-        self.label_noise_std = label_noise_std
-        self.removal_threshold = removal_threshold
-        self.reseed_threshold = reseed_threshold
+        # The options live in the rule alone (``strategy.algorithm.adam_gamma`` etc.).
         self._rule = FedRC(
             num_clusters,
             use_label_stats=self.use_label_stats,
@@ -79,29 +62,6 @@ class FedRCStrategy(FederatedStrategy):
     @property
     def algorithm(self) -> FedRC:
         return self._rule
-
-    def check_datamodule(self, datamodule: Any) -> None:
-        std = self.label_noise_std
-        if not isinstance(std, (int, float)) and len(std) != datamodule.num_clients:
-            raise ValueError(
-                f"label_noise_std has {len(std)} values but the datamodule has {datamodule.num_clients} "
-                "clients: give one σ per client, or a single σ for all"
-            )
-
-
-def check_reseed(threshold: float | None, removal: float | None, adam_gamma: bool) -> None:
-    """ValueError unless ``reseed_threshold`` is None, or in (0, 1) and without a conflicting option."""
-    if threshold is None:
-        return
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
-        raise ValueError(f"reseed_threshold must be in (0, 1) (e.g. 0.05), got {threshold!r}")
-    conflicts = {
-        "removal_threshold": removal is not None,  # one removes the clusters the other revives
-        "adam_gamma": adam_gamma,  # per-sample γ would have to be split too
-    }
-    named = [name for name, on in conflicts.items() if on]
-    if named:
-        raise ValueError(f"reseed_threshold cannot be combined with {', '.join(named)}: use one or the other")
 
 
 class FedEMStrategy(FedRCStrategy):

@@ -35,6 +35,7 @@ class FeSEMStrategy(FederatedStrategy):
 
     def check_datamodule(self, datamodule: Any) -> None:
         """Reject ``representation_layers`` that match no parameter before training starts."""
+        super().check_datamodule(datamodule)
         names = [name for name, _ in self.lightning_module.models[0].named_parameters()]
         self._rule.representation_mask(names)
 

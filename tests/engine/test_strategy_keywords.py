@@ -9,6 +9,7 @@ import pytest
 from lightning.fabric.plugins.environments import LightningEnvironment
 
 import lightning_fedcluster.strategies as strategies
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.strategies.federated import FederatedStrategy
 from lightning_fedcluster.strategies.keywords import init_parameters
 
@@ -62,7 +63,9 @@ def test_all_unknown_names_are_reported_at_once_and_ddp_wrapper_arguments_are_ex
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_ddp_process_arguments_still_reach_lightning(cls):
     environment = LightningEnvironment()
+    own = {"algorithm": FedRC(3)} if cls is FederatedStrategy else {}  # the plain one runs a given rule
     strategy = cls(
+        **own,
         start_method="spawn",
         process_group_backend="gloo",
         timeout=timedelta(minutes=3),
