@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_fedcluster.datamodules import FederatedDataModule, build_scenario, partition, shifts
-from lightning_fedcluster.datamodules.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 
 # The authors' type codes: 0 concept 0 clean, 1 concept 0 corrupted, 2 / 3 concept 1 / 2 clean,
 # 4 / 5 concept 1 / 2 corrupted.
@@ -179,7 +179,8 @@ def fake_vision(channels: int, side: int, n_train: int = 600, n_test: int = 100)
 
 
 def test_fashion_mnist_preset_uses_the_whole_training_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_fedcluster.datamodules import FashionMNISTFederated, vision
+    from lightning_fedcluster.datamodules import FashionMNISTFederated
+    from lightning_fedcluster.datamodules.datasets import vision
 
     monkeypatch.setattr(vision, "load_vision_tensors", fake_vision(1, 28))
     dm = FashionMNISTFederated(num_clients=30, preset="authors", seed=0)
@@ -202,7 +203,8 @@ def test_fashion_mnist_preset_uses_the_whole_training_set(monkeypatch: pytest.Mo
 
 
 def test_cifar10_preset_triples_the_training_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_fedcluster.datamodules import CIFAR10Federated, scenario, vision
+    from lightning_fedcluster.datamodules import CIFAR10Federated, scenario
+    from lightning_fedcluster.datamodules.datasets import vision
 
     monkeypatch.setattr(vision, "load_vision_tensors", fake_vision(3, 32, n_train=200))
     kinds: list[str] = []

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightning_fedcluster import FedRCStrategy
 from lightning_fedcluster.callbacks import DataSummary
 from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
+from lightning_fedcluster.datamodules.datasets.fedsoft_synthetic import FedSoftSynthetic
 from lightning_fedcluster.datamodules.summary import (
     client_rows,
     client_type_counts,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_fedcluster.datamodules import ClientMetadata, DigitsFederated, FederatedDataModule, partition
-from lightning_fedcluster.datamodules.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.datamodules.federated import build_scenario, dataset_to_tensors
 from lightning_fedcluster.datamodules.partition import held_out_count
 from lightning_fedcluster.datamodules.shifts import label_map

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_fedcluster.datamodules import FederatedDataModule
-from lightning_fedcluster.datamodules.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.datamodules.shifts import (
     ALL_CORRUPTIONS,
     CIFAR10_C,

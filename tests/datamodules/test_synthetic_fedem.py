@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedcluster.datamodules.synthetic import FedEMSynthetic, generate_mixture, sample_client_sizes
+from lightning_fedcluster.datamodules.datasets.fedem_synthetic import FedEMSynthetic, generate_mixture, sample_client_sizes
 
 
 @pytest.fixture(scope="module")

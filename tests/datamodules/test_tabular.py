@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedcluster.datamodules.tabular import CSVFederated, read_csv
+from lightning_fedcluster.datamodules.datasets.tabular import CSVFederated, read_csv
 
 
 def write_drift_csv(path: Path, n: int = 1200, seed: int = 0, client_ids: int = 0) -> Path:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_fedcluster.datamodules.shifts import CIFAR10_C, FASHION_MNIST_C, label_map
-from lightning_fedcluster.datamodules.vision import (
+from lightning_fedcluster.datamodules.datasets.vision import (
     CIFAR10Federated,
     CIFAR100Federated,
     FashionMNISTFederated,

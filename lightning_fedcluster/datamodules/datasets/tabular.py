@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from lightning_fedcluster.datamodules import partition
-from lightning_fedcluster.datamodules.federated import FederatedDataModule, build_clients
+from lightning_fedcluster.datamodules.clients import build_clients
+from lightning_fedcluster.datamodules.federated import FederatedDataModule
 from lightning_fedcluster.datamodules.validation import check_batch_size, fraction_arg, int_arg
 
 __all__ = ["CSVFederated", "read_csv"]

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.datamodules.federated import FederatedDataModule, build_scenario
+from lightning_fedcluster.datamodules.federated import FederatedDataModule
+from lightning_fedcluster.datamodules.scenario import build_scenario
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 __all__ = ["DigitsFederated", "load_digits_tensors"]

@@ -3,8 +3,8 @@
 Pure torch (no torchvision), so scenarios with feature shift run with the CPU-only wheel. Each
 corruption takes images [N, C, H, W] in [0, 1], the severity parameter and a generator.
 Severity parameters are chosen so the mean absolute change grows with severity on 8x8 and
-28x28 images alike (checked in tests/test_shifts.py). The noise, blur and warp helpers are
-public because the rest of the corruption families (`corruptions_extra`) build on them.
+28x28 images alike (checked in tests/datamodules/shifts/test_default.py). The noise, blur and warp helpers are
+public because the rest of the corruption families (`shifts.extra`) build on them.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_fedcluster.datamodules.partition_counts import largest_remainder
-from lightning_fedcluster.datamodules.partition_inputs import count_arg, labels_arg
+from lightning_fedcluster.datamodules.partition.counts import largest_remainder
+from lightning_fedcluster.datamodules.partition.inputs import count_arg, labels_arg
 
 __all__ = ["MIXTURE_PATTERNS", "mixture_counts", "mixture_split", "mixture_weights"]
 

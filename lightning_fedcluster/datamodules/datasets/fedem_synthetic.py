@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.arguments import check_positive_int, number_arg
-from lightning_fedcluster.datamodules.federated import ClientMetadata, FederatedDataModule
+from lightning_fedcluster.datamodules.federated import FederatedDataModule
+from lightning_fedcluster.datamodules.metadata import ClientMetadata
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 __all__ = ["FedEMSynthetic", "SyntheticMixture", "generate_mixture", "sample_client_sizes"]

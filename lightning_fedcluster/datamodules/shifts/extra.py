@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_fedcluster.datamodules.corruptions_default import (
+from lightning_fedcluster.datamodules.shifts.default import (
     gaussian_blur,
     identity_theta,
     normal_noise,

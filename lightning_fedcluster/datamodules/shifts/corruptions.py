@@ -1,14 +1,9 @@
-"""Distribution shifts applied per client: concept label maps and image corruptions.
+"""`corrupt`: one image corruption of a kind and severity, and the corruption families.
 
-Concept shift is a permutation of the labels (FedRC App. H.8); feature shift is a corruption of
-one kind and severity (FashionMNIST-C / CIFAR-10-C style) applied to all of a client's inputs.
-The default pool `CORRUPTIONS` is pure torch (no torchvision) so it runs with the CPU-only
-wheel. `FASHION_MNIST_C` and `CIFAR10_C` are the two papers' families; the CIFAR-10-C kinds that
-torchvision implements (`TORCHVISION_CORRUPTIONS`: JPEG, elastic transform, saturation) use it,
-imported when first applied (the `vision` extra).
-
-The label maps live in `label_maps`, the default pool in `corruptions_default` and the rest of
-the families in `corruptions_extra`; this module joins them behind `corrupt` and re-exports them.
+Feature shift is a corruption of one kind and severity (FashionMNIST-C / CIFAR-10-C style)
+applied to all of a client's inputs. `FASHION_MNIST_C` and `CIFAR10_C` are the two papers'
+families, `AUTHORS_*` the FedRC authors' pools; `corrupt` joins the default pool (`default`) and
+the rest of the families (`extra`) behind one checked entry point.
 """
 
 from __future__ import annotations
@@ -18,31 +13,16 @@ from numbers import Integral
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.datamodules.corruptions_default import (
-    CORRUPTIONS,
-    DEFAULT_FUNCTIONS,
-    DEFAULT_PARAMS,
-)
-from lightning_fedcluster.datamodules.corruptions_extra import (
-    EXTRA_FUNCTIONS,
-    EXTRA_PARAMS,
-    SEVERITY_FREE,
-    TORCHVISION_CORRUPTIONS,
-)
-from lightning_fedcluster.datamodules.label_maps import label_map, max_concepts
+from lightning_fedcluster.datamodules.shifts.default import DEFAULT_FUNCTIONS, DEFAULT_PARAMS
+from lightning_fedcluster.datamodules.shifts.extra import EXTRA_FUNCTIONS, EXTRA_PARAMS
 
 __all__ = [
     "ALL_CORRUPTIONS",
     "AUTHORS_CIFAR10_C",
     "AUTHORS_FASHION_MNIST_C",
     "CIFAR10_C",
-    "CORRUPTIONS",
     "FASHION_MNIST_C",
-    "SEVERITY_FREE",
-    "TORCHVISION_CORRUPTIONS",
     "corrupt",
-    "label_map",
-    "max_concepts",
 ]
 
 _PARAMS = {**DEFAULT_PARAMS, **EXTRA_PARAMS}

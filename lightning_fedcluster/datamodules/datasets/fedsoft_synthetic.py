@@ -17,7 +17,8 @@ from torch import Tensor
 
 from lightning_fedcluster.arguments import number_arg
 from lightning_fedcluster.datamodules import partition
-from lightning_fedcluster.datamodules.federated import FederatedDataModule, build_clients
+from lightning_fedcluster.datamodules.clients import build_clients
+from lightning_fedcluster.datamodules.federated import FederatedDataModule
 from lightning_fedcluster.datamodules.validation import check_batch_size, int_arg
 
 __all__ = ["FedSoftSynthetic", "generate_fedsoft_data"]

@@ -1,7 +1,7 @@
 """Hold-outs and natural splits: stratified hold-outs, train/test, per-id parts, unseen clients.
 
 These split rows (or whole clients) into kept and held-out positions with exact, reproducible
-counts; they do not skew labels (see `partition_label_skew` for that).
+counts; they do not skew labels (see `partition.label_skew` for that).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fedcluster.datamodules.partition_counts import held_out_count, largest_remainder
-from lightning_fedcluster.datamodules.partition_inputs import count_arg
+from lightning_fedcluster.datamodules.partition.counts import held_out_count, largest_remainder
+from lightning_fedcluster.datamodules.partition.inputs import count_arg
 
 __all__ = [
     "holdout_clients",

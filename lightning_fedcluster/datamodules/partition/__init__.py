@@ -6,29 +6,29 @@ the data itself, work for tensors and any map-style dataset alike (see `dataset_
 reproducible: the same generator state gives the same partition.
 
 The functions live in focused modules and are re-exported here, the place to import them from:
-`partition_counts` (exact counts, client types), `partition_holdout` (hold-outs, train/test,
-natural splits, unseen clients), `partition_label_skew` (IID, Dirichlet, n-class, cluster-wise),
-`partition_mixture` (FedSoft mixtures) and `partition_inputs` (argument checks, dataset labels).
+`counts` (exact counts, client types), `holdout` (hold-outs, train/test, natural splits, unseen
+clients), `label_skew` (IID, Dirichlet, n-class, cluster-wise), `mixture` (FedSoft mixtures) and
+`inputs` (argument checks, dataset labels).
 """
 
 from __future__ import annotations
 
-from lightning_fedcluster.datamodules.partition_counts import (
+from lightning_fedcluster.datamodules.partition.counts import (
     assign_client_types,
     authors_client_types,
     corrupted_count,
     held_out_count,
     largest_remainder,
 )
-from lightning_fedcluster.datamodules.partition_holdout import (
+from lightning_fedcluster.datamodules.partition.holdout import (
     holdout_clients,
     natural_split,
     stratified_split,
     stratified_subset,
     train_test_split,
 )
-from lightning_fedcluster.datamodules.partition_inputs import dataset_labels
-from lightning_fedcluster.datamodules.partition_label_skew import (
+from lightning_fedcluster.datamodules.partition.inputs import dataset_labels
+from lightning_fedcluster.datamodules.partition.label_skew import (
     cluster_dirichlet_split,
     cluster_n_class_split,
     dirichlet_split,
@@ -36,7 +36,7 @@ from lightning_fedcluster.datamodules.partition_label_skew import (
     n_class_split,
     prior_dirichlet_split,
 )
-from lightning_fedcluster.datamodules.partition_mixture import (
+from lightning_fedcluster.datamodules.partition.mixture import (
     MIXTURE_PATTERNS,
     mixture_counts,
     mixture_split,

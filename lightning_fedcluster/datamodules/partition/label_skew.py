@@ -11,8 +11,8 @@ import warnings
 
 import numpy as np
 
-from lightning_fedcluster.datamodules.partition_counts import largest_remainder
-from lightning_fedcluster.datamodules.partition_inputs import count_arg, labels_arg
+from lightning_fedcluster.datamodules.partition.counts import largest_remainder
+from lightning_fedcluster.datamodules.partition.inputs import count_arg, labels_arg
 
 __all__ = [
     "cluster_dirichlet_split",
