@@ -31,7 +31,7 @@ from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.datamodules.evaluation_splits import adapt_count, val_count
 from lightning_fedcluster.datamodules.datasets.fedsoft_synthetic import generate_fedsoft_data
 from lightning_fedcluster.datamodules.datasets.fedem_synthetic import generate_mixture
-from tests.datamodules.test_tabular import write_drift_csv
+from tests.datamodules.datasets.test_tabular import write_drift_csv
 
 STAGES = ("val", "test")
 GLOBAL_PARTS = ("global_adapt", "global_score")
