@@ -1,4 +1,6 @@
-"""preset="authors": the FedRC authors' client mix (create_c/make_fmnist_c.py, make_cifar_c.py)."""
+"""build_scenario: the FedRC scenario (label skew, corruptions, concept label maps) from labelled
+tensors, its argument checks, and `preset="authors"`: the FedRC authors' client mix
+(create_c/make_fmnist_c.py, make_cifar_c.py)."""
 
 from __future__ import annotations
 
@@ -6,100 +8,283 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedcluster.datamodules import FederatedDataModule, build_scenario, partition, shifts
+from lightning_fedcluster.datamodules import FederatedDataModule, build_scenario, shifts
 from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
-
-# The authors' type codes: 0 concept 0 clean, 1 concept 0 corrupted, 2 / 3 concept 1 / 2 clean,
-# 4 / 5 concept 1 / 2 corrupted.
-CODE = {(0, False): 0, (0, True): 1, (1, False): 2, (2, False): 3, (1, True): 4, (2, True): 5}
-
-
-def type_counts(concept: np.ndarray, corrupted: np.ndarray) -> list[int]:
-    codes = [CODE[(int(c), bool(k))] for c, k in zip(concept, corrupted, strict=True)]
-    return np.bincount(codes, minlength=6).tolist()
+from lightning_fedcluster.datamodules.partition import held_out_count
+from lightning_fedcluster.datamodules.shifts import FASHION_MNIST_C, label_map
+from tests.datamodules.partition.test_counts import type_counts
 
 
-@pytest.mark.parametrize(
-    ("clients", "expected"),
-    [
-        (300, [60, 60, 60, 60, 30, 30]),  # concepts 120 / 90 / 90, corrupted 60 / 30 / 30
-        (25, [6, 5, 5, 5, 2, 2]),  # int(0.2 * 25) = 5, int(0.1 * 25) = 2, the rest clean
-        (4, [4, 0, 0, 0, 0, 0]),
-    ],
-)
-def test_authors_client_types_have_exact_counts(clients: int, expected: list[int]) -> None:
-    concept, corrupted = partition.authors_client_types(clients, np.random.default_rng(0))
-    assert type_counts(concept, corrupted) == expected
-    again = partition.authors_client_types(clients, np.random.default_rng(0))
-    assert np.array_equal(concept, again[0]) and np.array_equal(corrupted, again[1])
+def build(digits, **kwargs) -> FederatedDataModule:
+    x, y = digits
+    options = {"num_clients": 20, "concepts": 3, "image_shape": (1, 8, 8), "seed": 0}
+    options.update(kwargs)
+    return FederatedDataModule.from_tensors(x, y, **options)
 
 
-def test_authors_client_types_shuffle_clients() -> None:
-    a = partition.authors_client_types(300, np.random.default_rng(0))[0]
-    b = partition.authors_client_types(300, np.random.default_rng(1))[0]
-    assert not np.array_equal(a, b) and np.array_equal(np.sort(a), np.sort(b))
-    with pytest.raises(ValueError, match="num_clients must be a positive integer"):
-        partition.authors_client_types(0, np.random.default_rng(0))
+def assert_same(a: FederatedDataModule, b: FederatedDataModule) -> None:
+    for name in ("train", "test", "global"):
+        for part in ("x", "y", "offsets"):
+            assert torch.equal(getattr(a, f"{name}_{part}"), getattr(b, f"{name}_{part}")), name
 
 
-class RecordingGenerator:
-    """A numpy Generator that records the concentration of every Dirichlet draw."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.alphas: list[np.ndarray] = []
-
-    def dirichlet(self, alpha: np.ndarray) -> np.ndarray:
-        self.alphas.append(np.array(alpha, dtype=float))
-        return self.rng.dirichlet(alpha)
-
-    def __getattr__(self, name: str):  # everything else goes to the real generator
-        return getattr(self.rng, name)
-
-
-def test_prior_dirichlet_draws_dir_alpha_times_the_remaining_class_prior() -> None:
-    labels = np.repeat(np.arange(4), [500, 300, 150, 50])  # p = 0.5 / 0.3 / 0.15 / 0.05
-    rng = RecordingGenerator(0)
-    parts = partition.prior_dirichlet_split(labels, 10, 2.5, rng)  # type: ignore[arg-type]
-    assert len(rng.alphas) == 10
-    np.testing.assert_allclose(rng.alphas[0], 2.5 * np.array([0.5, 0.3, 0.15, 0.05]))
-    left = np.bincount(labels, minlength=4)
-    for alpha, part in zip(rng.alphas, parts, strict=True):
-        alive = left > 0
-        np.testing.assert_allclose(alpha, 2.5 * left[alive] / left.sum())  # the rows still unassigned
-        left = left - np.bincount(labels[part], minlength=4)
-    assert {len(p) for p in parts} == {100}  # 1000 // 10 each
-    everything = np.concatenate(parts)
-    assert np.unique(everything).size == everything.size == 1000  # without replacement
+def test_scenario_sizes_and_types(digits) -> None:
+    x, y = digits
+    dm = build(digits)
+    meta = dm.metadata
+    assert dm.num_clients == 20 and dm.num_global_clients == 3 and dm.num_classes == 10
+    # Stratified global hold-out, then every remaining sample in exactly one client split.
+    held = sum(held_out_count(int(n), 0.2) for n in torch.bincount(y))
+    assert dm.global_offsets.diff().tolist() == [held] * 3
+    held_out = dm.val_sizes + dm.test_sizes
+    assert int(dm.train_sizes.sum() + held_out.sum()) == x.shape[0] - held
+    assert (dm.train_sizes + held_out).min() >= 2
+    test_share = held_out.sum() / (dm.train_sizes.sum() + held_out.sum())
+    assert 0.17 < float(test_share) < 0.23
+    # The paper's mix: 10/5/5 clients, of which 4/1/1 corrupted.
+    corrupted = torch.tensor([s != "clean" for s in meta.feature_style])
+    assert torch.bincount(meta.concept, minlength=3).tolist() == [10, 5, 5]
+    assert torch.bincount(meta.concept[corrupted], minlength=3).tolist() == [4, 1, 1]
+    for style in meta.feature_style:
+        if style != "clean":
+            kind, severity = style.split(":")
+            assert 1 <= int(severity) <= 5 and kind
+    assert meta.global_concept.tolist() == [0, 1, 2]
 
 
-def test_prior_dirichlet_shares_follow_the_prior_with_total_mass_alpha() -> None:
-    # A large pool so the prior barely moves: mean share ~ p, share variance ~ p (1 - p) / (alpha + 1).
-    p = np.array([0.6, 0.3, 0.1])
-    labels = np.repeat(np.arange(3), (p * 400_000).astype(int))
-    for alpha in (1.0, 8.0):
-        parts = partition.prior_dirichlet_split(labels, 400, alpha, np.random.default_rng(3), size=200)
-        shares = np.stack([np.bincount(labels[part], minlength=3) / 200 for part in parts])
-        np.testing.assert_allclose(shares.mean(0), p, atol=0.04)
-        estimate = np.mean(p * (1 - p) / shares.var(0)) - 1  # ignores the small sampling noise
-        assert 0.7 * alpha < estimate < 1.3 * alpha, (alpha, estimate)
+def test_label_maps_hit_exactly_their_concepts(digits) -> None:
+    # Same seed: the partition and train/test rows do not depend on concepts or corruption.
+    plain = build(digits, concepts=1, corrupt_fraction=0)
+    shifted = build(digits, concepts=3, corrupt_fraction=0)
+    assert torch.equal(plain.train_x, shifted.train_x) and torch.equal(plain.test_x, shifted.test_x)
+    changed = set()
+    for i in range(shifted.num_clients):
+        c = int(shifted.metadata.concept[i])
+        table = label_map(c, 10)
+        for split in ("train_split", "test_split"):
+            _, y_plain = getattr(plain, split)(i)
+            _, y_shift = getattr(shifted, split)(i)
+            assert torch.equal(y_shift, table[y_plain])
+            if not torch.equal(y_shift, y_plain):
+                changed.add(i)
+    assert changed == {i for i in range(20) if shifted.metadata.concept[i] != 0}
 
 
-def test_prior_dirichlet_fills_clients_when_classes_run_out() -> None:
-    labels = np.repeat(np.arange(3), [90, 6, 4])
-    parts = partition.prior_dirichlet_split(labels, 10, 0.05, np.random.default_rng(0))
-    assert [len(p) for p in parts] == [10] * 10 and np.unique(np.concatenate(parts)).size == 100
-    again = partition.prior_dirichlet_split(labels, 10, 0.05, np.random.default_rng(0))
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))  # same seed, same split
-    with pytest.raises(ValueError, match="concentration must be a positive number"):
-        partition.prior_dirichlet_split(labels, 10, 0.0, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="rows are needed"):
-        partition.prior_dirichlet_split(labels, 10, 1.0, np.random.default_rng(0), size=11)
+def test_labels_match_the_source_samples(digits) -> None:
+    # Every client row is a row of x with its label mapped by the client's concept.
+    x, y = digits
+    dm = build(digits, corrupt_fraction=0)
+    source = {tuple(row.tolist()): int(label) for row, label in zip(x, y, strict=True)}
+    for i in range(dm.num_clients):
+        table = label_map(int(dm.metadata.concept[i]), 10)
+        xi, yi = dm.train_split(i)
+        for row, label in zip(xi, yi, strict=True):
+            assert int(label) == int(table[source[tuple(row.tolist())]])
 
 
-@pytest.fixture(scope="module")
-def digits() -> tuple[torch.Tensor, torch.Tensor]:
-    return load_digits_tensors()
+def test_corruption_touches_exactly_the_corrupted_clients(digits) -> None:
+    clean = build(digits, corrupt_fraction=0)
+    mixed = build(digits)
+    assert torch.equal(clean.metadata.concept, mixed.metadata.concept)
+    assert torch.equal(clean.train_y, mixed.train_y) and torch.equal(clean.train_offsets, mixed.train_offsets)
+    assert torch.equal(clean.global_x, mixed.global_x)
+    for i, style in enumerate(mixed.metadata.feature_style):
+        for split in ("train_split", "test_split"):
+            x_clean, _ = getattr(clean, split)(i)
+            x_mixed, _ = getattr(mixed, split)(i)
+            if style == "clean" or x_clean.numel() == 0:
+                assert torch.equal(x_clean, x_mixed), (i, style)
+            else:
+                assert (x_clean - x_mixed).abs().mean() > 1e-3, (i, style)
+        assert x_mixed.min() >= 0 and x_mixed.max() <= 1
+
+
+def test_global_clients_carry_concept_maps_on_clean_data(digits) -> None:
+    x, y = digits
+    dm = build(digits)
+    rows = {tuple(row.tolist()): int(label) for row, label in zip(x, y, strict=True)}
+    x0, y0 = dm.global_split(0)
+    clean_labels = torch.tensor([rows[tuple(r.tolist())] for r in x0])  # clean: rows found
+    assert torch.equal(y0, clean_labels)
+    for g in range(3):
+        xg, yg = dm.global_split(g)
+        assert torch.equal(xg, x0)
+        assert torch.equal(yg, label_map(g, 10)[clean_labels])
+
+
+def test_same_seed_same_tensors_different_seed_different(digits) -> None:
+    a, b, c = build(digits, seed=3), build(digits, seed=3), build(digits, seed=4)
+    assert_same(a, b)
+    assert a.metadata.feature_style == b.metadata.feature_style
+    assert torch.equal(a.metadata.concept, b.metadata.concept)
+    assert not torch.equal(a.train_offsets, c.train_offsets)
+    assert not torch.equal(a.metadata.concept, c.metadata.concept)
+
+
+def test_iid_scenario_has_equal_clients(digits) -> None:
+    dm = build(digits, dirichlet_alpha=None, corrupt_fraction=0)
+    sizes = dm.train_sizes + dm.test_sizes
+    assert int(sizes.max() - sizes.min()) <= 1
+
+
+def test_custom_proportions_and_fractions(digits) -> None:
+    dm = build(
+        digits,
+        num_clients=10,
+        concepts=2,
+        concept_proportions=[0.3, 0.7],
+        corrupt_fraction=[0.0, 0.5],
+    )
+    concept = dm.metadata.concept
+    corrupted = torch.tensor([s != "clean" for s in dm.metadata.feature_style])
+    assert torch.bincount(concept, minlength=2).tolist() == [3, 7]
+    assert torch.bincount(concept[corrupted], minlength=2).tolist() == [
+        0,
+        3,
+    ]  # 7 * 0.5 = 3.5: ties go to clean
+    assert dm.num_global_clients == 2
+
+
+def test_image_inputs_need_no_image_shape(digits) -> None:
+    x, y = digits
+    dm = FederatedDataModule.from_tensors(x.reshape(-1, 1, 8, 8), y, num_clients=10, concepts=3, seed=1)
+    assert dm.train_x.shape[1:] == (1, 8, 8)
+    assert (
+        sum(s != "clean" for s in dm.metadata.feature_style) == 3
+    )  # 5/3/2 clients; 5*0.4, 3*0.2, 2*0.2 -> 2+1+0
+
+
+def test_tabular_inputs_without_corruption(digits) -> None:
+    x, y = digits
+    dm = FederatedDataModule.from_tensors(x * 3 - 1, y, num_clients=5, concepts=2, corrupt_fraction=0.0)
+    assert dm.metadata.feature_style == ["clean"] * 5
+    assert dm.num_global_clients == 2
+
+
+SCENARIO_ERRORS = [
+    ({"num_clients": 0}, "num_clients must be an integer >= 1"),
+    ({"num_clients": 800}, "num_clients=800 needs at least"),
+    ({"num_clients": 300, "min_client_size": 5}, "min_client_size"),
+    ({"min_client_size": 0}, "min_client_size must be"),
+    ({"concepts": 0}, "concepts must be an integer >= 1"),
+    ({"concepts": 12}, "concepts=12 exceeds the 11 distinct label maps"),
+    ({"dirichlet_alpha": 0.0}, "dirichlet_alpha must be a positive number"),
+    ({"dirichlet_alpha": -1.0}, "dirichlet_alpha"),
+    ({"dirichlet_alpha": 0.01, "num_clients": 200}, "dirichlet_alpha=0.01 left a client"),
+    ({"test_fraction": 1.0}, r"test_fraction must be a number in \[0, 1\)"),
+    ({"test_fraction": -0.1}, "test_fraction"),
+    ({"global_test_fraction": 1.5}, "global_test_fraction"),
+    ({"concept_proportions": [0.5, 0.5]}, "concept_proportions must be a sequence of 3"),
+    ({"concept_proportions": [0.5, 0.3, 0.3]}, "concept_proportions must sum to 1"),
+    ({"concept_proportions": [1.2, -0.1, -0.1]}, "concept_proportions must be non-negative"),
+    ({"corrupt_fraction": 1.0}, r"corrupt_fraction must be a number in \[0, 1\)"),
+    (
+        {"corrupt_fraction": [0.1, 0.2]},
+        "corrupt_fraction must be a number in .* or a sequence of 3",
+    ),
+    ({"image_shape": None}, "pass image_shape=.* or corrupt_fraction=0"),
+    ({"image_shape": (1, 4, 4)}, r"image_shape=\(1, 4, 4\) has 16 values"),
+    ({"image_shape": (1, 8)}, "image_shape must be"),
+    ({"num_classes": 1}, "num_classes must be an integer >= 2"),
+    ({"num_classes": 5}, r"y has label 9 outside \[0, num_classes=5\)"),
+    ({"seed": -1}, "seed must be an integer >= 0"),
+    ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "match"), SCENARIO_ERRORS)
+def test_from_tensors_validation(digits, kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build(digits, **kwargs)
+
+
+def test_from_tensors_validates_tensors(digits) -> None:
+    x, y = digits
+    with pytest.raises(ValueError, match=r"x must be scaled to \[0, 1\] for corruptions"):
+        FederatedDataModule.from_tensors(x * 16, y, num_clients=5, image_shape=(1, 8, 8))
+    with pytest.raises(ValueError, match="concepts=3 exceeds the 2 distinct"):
+        FederatedDataModule.from_tensors(x, y % 2, num_clients=5, concepts=3, corrupt_fraction=0)
+    with pytest.raises(ValueError, match="y must be 1-D"):
+        FederatedDataModule.from_tensors(x, y[:-1], num_clients=5)
+    with pytest.raises(ValueError, match="y must hold class indices >= 0"):
+        FederatedDataModule.from_tensors(x, y - 1, num_clients=5, corrupt_fraction=0)
+    with pytest.raises(TypeError, match="x must be floating point"):
+        FederatedDataModule.from_tensors((x * 16).long(), y, num_clients=5)
+    with pytest.raises(TypeError, match="y must hold integer class indices"):
+        FederatedDataModule.from_tensors(x, y.float(), num_clients=5)
+
+
+def test_build_scenario_returns_constructor_arguments(digits) -> None:
+    x, y = digits
+    arguments = build_scenario(x, y, num_clients=4, corrupt_fraction=0)
+    assert set(arguments) == {
+        "client_train",
+        "client_test",
+        "global_test",
+        "num_classes",
+        "metadata",
+    }
+    assert len(arguments["client_train"]) == 4 and arguments["num_classes"] == 10
+
+
+def test_global_test_from_a_separate_set(digits) -> None:
+    x, y = digits
+    train_x, train_y, test_x, test_y = x[:1400], y[:1400], x[1400:], y[1400:]
+    args = build_scenario(
+        train_x,
+        train_y,
+        num_clients=10,
+        concepts=3,
+        image_shape=(1, 8, 8),
+        global_test=(test_x, test_y),
+        seed=0,
+    )
+    assert (
+        sum(
+            tx.shape[0] + sx.shape[0]
+            for (tx, _), (sx, _) in zip(args["client_train"], args["client_test"], strict=True)
+        )
+        == 1400
+    )
+    assert len(args["global_test"]) == 3
+    for c, (gx, gy) in enumerate(args["global_test"]):
+        assert torch.equal(gx, test_x)  # clean inputs, the concept's label map
+        assert torch.equal(gy, {0: test_y, 1: 9 - test_y, 2: (test_y + 1) % 10}[c])
+    with pytest.raises(ValueError, match="global_test_fraction=0.2 was given together with global_test"):
+        build_scenario(
+            train_x,
+            train_y,
+            num_clients=10,
+            global_test=(test_x, test_y),
+            global_test_fraction=0.2,
+            corrupt_fraction=0,
+        )
+    with pytest.raises(ValueError, match="global_test inputs have per-sample shape"):
+        build_scenario(
+            train_x, train_y, num_clients=10, global_test=(test_x[:, :10], test_y), corrupt_fraction=0
+        )
+
+
+def test_scenario_draws_from_the_given_family() -> None:
+    x, y = load_digits_tensors()
+    plain = FederatedDataModule.from_tensors(
+        x, y, num_clients=12, image_shape=(1, 8, 8), seed=1, corrupt_fraction=0
+    )
+    dm = FederatedDataModule.from_tensors(
+        x, y, num_clients=12, image_shape=(1, 8, 8), seed=1, corrupt_fraction=0.5, corruptions=FASHION_MNIST_C
+    )
+    styles = dm.metadata.feature_style
+    corrupted = [i for i, s in enumerate(styles) if s != "clean"]
+    assert len(corrupted) == 6
+    assert all(styles[i].split(":")[0] in FASHION_MNIST_C for i in corrupted)
+    for i in range(12):
+        same = torch.equal(dm.train_split(i)[0], plain.train_split(i)[0])
+        assert same == (i not in corrupted)
+        assert torch.equal(dm.train_split(i)[1], plain.train_split(i)[1])
+    with pytest.raises(ValueError, match="corruptions has unknown kinds"):
+        FederatedDataModule.from_tensors(x, y, num_clients=4, image_shape=(1, 8, 8), corruptions=["fogg"])
+    with pytest.raises(ValueError, match="corruptions must be a non-empty list"):
+        FederatedDataModule.from_tensors(x, y, num_clients=4, image_shape=(1, 8, 8), corruptions=[])
 
 
 def test_authors_scenario_on_digits(digits: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -150,94 +335,3 @@ def test_authors_preset_rejects_what_it_fixes(digits: tuple[torch.Tensor, torch.
         build_scenario(x, y, concepts=3, dirichlet_alpha=None, **common)
     with pytest.raises(ValueError, match="preset must be None or 'authors'"):
         build_scenario(x, y, concepts=3, num_clients=20, preset="paper")
-
-
-def test_severity_free_kinds() -> None:
-    images = torch.rand(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
-    generator = torch.Generator().manual_seed(0)
-    assert torch.equal(shifts.corrupt(images, "identity", 4, generator), images)
-    striped = shifts.corrupt(images, "stripe", 1, generator)
-    assert torch.allclose(striped[..., :7], 1 - images[..., :7])  # the authors' columns 0..6
-    assert torch.allclose(striped[..., 21:], 1 - images[..., 21:])  # and 21..27
-    assert torch.equal(striped[..., 7:21], images[..., 7:21])
-    assert torch.equal(shifts.corrupt(images, "stripe", 5, generator), striped)
-
-
-def fake_vision(channels: int, side: int, n_train: int = 600, n_test: int = 100):
-    """Stands in for `load_vision_tensors` (torchvision is optional): class-balanced images."""
-
-    def load(name: str, root: object = "data", *, train: bool = True, download: bool = False):
-        n = n_train if train else n_test
-        y = torch.arange(n) % 10
-        x = (
-            torch.rand(n, channels, side, side, generator=torch.Generator().manual_seed(n)) * 0.5
-            + y.view(-1, 1, 1, 1) / 20
-        )
-        return x, y
-
-    return load
-
-
-def test_fashion_mnist_preset_uses_the_whole_training_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_fedcluster.datamodules import FashionMNISTFederated
-    from lightning_fedcluster.datamodules.datasets import vision
-
-    monkeypatch.setattr(vision, "load_vision_tensors", fake_vision(1, 28))
-    dm = FashionMNISTFederated(num_clients=30, preset="authors", seed=0)
-    sizes = dm.train_sizes + dm.val_sizes + dm.test_sizes
-    assert sizes.tolist() == [20] * 30  # 600 // 30, as their 60000 // 300
-    assert (dm.val_sizes + dm.test_sizes).tolist() == [2] * 30  # test_fraction 0.1 under the preset
-    styles = dm.metadata.feature_style
-    corrupted = np.array([s != "clean" for s in styles])
-    assert type_counts(dm.metadata.concept.numpy(), corrupted) == [6, 6, 6, 6, 3, 3]
-    assert all(s.split(":")[0] in shifts.AUTHORS_FASHION_MNIST_C for s in styles if s != "clean")
-    assert dm.num_global_clients == 3 and dm.hparams["preset"] == "authors"
-    assert dm.adapt_fraction == 0.9  # their loader fits global clients on 90 %, scores 10 %
-    adapt = dm.evaluation_split("test", "global_adapt")[1].numel()
-    score = dm.evaluation_split("test", "global_score")[1].numel()
-    assert adapt == 9 * score
-    paper = FashionMNISTFederated(num_clients=30, seed=0)  # the paper's mix and splits
-    assert (paper.val_sizes + paper.test_sizes).sum() > (dm.val_sizes + dm.test_sizes).sum()
-    with pytest.raises(ValueError, match="corrupt_fraction must be left unset"):
-        FashionMNISTFederated(num_clients=30, preset="authors", corrupt_fraction=0.3)
-
-
-def test_cifar10_preset_triples_the_training_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_fedcluster.datamodules import CIFAR10Federated, scenario
-    from lightning_fedcluster.datamodules.datasets import vision
-
-    monkeypatch.setattr(vision, "load_vision_tensors", fake_vision(3, 32, n_train=200))
-    kinds: list[str] = []
-    monkeypatch.setattr(scenario, "corrupt", lambda images, kind, severity, g: kinds.append(kind) or images)
-    dm = CIFAR10Federated(num_clients=20, preset="authors", seed=0)
-    assert (dm.train_sizes + dm.val_sizes + dm.test_sizes).tolist() == [30] * 20  # 3 * 200 // 20
-    assert len(kinds) == 4 + 2 * 2 and set(kinds) <= set(shifts.AUTHORS_CIFAR10_C)  # int(.2M) + 2 int(.1M)
-    one_copy = CIFAR10Federated(num_clients=20, preset="authors", copies=1, seed=0)
-    assert (one_copy.train_sizes + one_copy.val_sizes + one_copy.test_sizes).tolist() == [10] * 20
-
-
-def test_authors_pools_are_their_lists_less_the_kinds_not_implemented() -> None:
-    fmnist = [
-        "identity",
-        "shot_noise",
-        "impulse_noise",
-        "glass_blur",
-        "motion_blur",
-        "shear",
-        "scale",
-        "rotate",
-        "brightness",
-        "translate",
-        "stripe",
-        "spatter",
-        "dotted_line",
-        "zigzag",
-        "canny_edges",
-    ]
-    cifar = ["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
-             "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
-             "jpeg_compression", "speckle_noise", "gaussian_blur", "spatter", "saturate"]  # fmt: skip
-    assert shifts.AUTHORS_FASHION_MNIST_C == tuple(k for k in fmnist if k in shifts.ALL_CORRUPTIONS)
-    assert len(shifts.AUTHORS_FASHION_MNIST_C) == 11
-    assert set(shifts.AUTHORS_CIFAR10_C) == {k for k in cifar if k in shifts.ALL_CORRUPTIONS}
-    assert len(shifts.AUTHORS_CIFAR10_C) == 16

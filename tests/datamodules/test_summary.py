@@ -73,9 +73,13 @@ def test_figure_has_three_panels(digits: DigitsFederated) -> None:
 def test_callback_writes_the_figure_to_tensorboard(digits: DigitsFederated, tmp_path) -> None:
     pytest.importorskip("matplotlib")
     logger = TensorBoardLogger(str(tmp_path), name="run")
-    trainer = make_trainer(FedRCStrategy(num_clusters=2, clients_per_round=2, local_steps=1),
-                           max_epochs=1, logger=[logger, CSVLogger(str(tmp_path))],
-                           callbacks=[DataSummary()], limit_val_batches=0)
+    trainer = make_trainer(
+        FedRCStrategy(num_clusters=2, clients_per_round=2, local_steps=1),
+        max_epochs=1,
+        logger=[logger, CSVLogger(str(tmp_path))],
+        callbacks=[DataSummary()],
+        limit_val_batches=0,
+    )
     trainer.fit(MLPClassifier(), datamodule=digits)
     logger.experiment.flush()
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "tensors": 0})

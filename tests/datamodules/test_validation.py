@@ -24,6 +24,7 @@ def labelled(n: int, seed: int, features: int = 4) -> tuple[torch.Tensor, torch.
 
 def splits(regression: bool = False) -> dict[str, list]:
     """4 clients (8 train, 5 test rows each) and 2 global test clients (6 rows each)."""
+
     def pair(n, seed):
         x, y = labelled(n, seed)
         return (x, torch.randn(n)) if regression else (x, y)

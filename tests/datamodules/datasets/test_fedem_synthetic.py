@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedcluster.datamodules.datasets.fedem_synthetic import FedEMSynthetic, generate_mixture, sample_client_sizes
+from lightning_fedcluster.datamodules.datasets.fedem_synthetic import (
+    FedEMSynthetic,
+    generate_mixture,
+    sample_client_sizes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +36,10 @@ def test_shapes_splits_and_metadata(paper_task):
 
 
 def test_same_seed_same_data_other_seed_other_data():
-    a, b, c = generate_mixture(20, dim=4, seed=1), generate_mixture(20, dim=4, seed=1), generate_mixture(
-        20, dim=4, seed=2
+    a, b, c = (
+        generate_mixture(20, dim=4, seed=1),
+        generate_mixture(20, dim=4, seed=1),
+        generate_mixture(20, dim=4, seed=2),
     )
     assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.offsets, b.offsets)
     assert not torch.equal(a.theta, c.theta)
@@ -42,6 +48,7 @@ def test_same_seed_same_data_other_seed_other_data():
 def test_client_sizes_follow_the_capped_lognormal_law():
     sizes = sample_client_sizes(np.random.default_rng(0), 20000)
     assert sizes.min() >= 50 and sizes.max() == 1000
+
     # m = n - 50 = floor(L), L ~ LogNormal(4, 2), capped at 950: P(m < q) = P(L < q) = Φ((ln q - 4) / 2).
     def normal_cdf(v: float) -> float:
         return 0.5 * math.erfc(-v / math.sqrt(2))
@@ -58,12 +65,14 @@ def test_mixture_weights_are_dirichlet_and_components_follow_them():
     assert torch.allclose(pi.sum(1), torch.ones(3000, dtype=torch.float64))
     # Dir(0.4, 0.4, 0.4): mean 1/3, variance a(a0 - a) / (a0² (a0 + 1)) = 0.101.
     torch.testing.assert_close(pi.mean(0), torch.full((3,), 1 / 3, dtype=torch.float64), atol=0.02, rtol=0)
-    torch.testing.assert_close(pi.var(0), torch.full((3,), 0.4 * 0.8 / (1.2**2 * 2.2), dtype=torch.float64),
-                               atol=0.01, rtol=0)
+    torch.testing.assert_close(
+        pi.var(0), torch.full((3,), 0.4 * 0.8 / (1.2**2 * 2.2), dtype=torch.float64), atol=0.01, rtol=0
+    )
     # Latent components of each client ~ Categorical(π_t): counts match n_t π_t in aggregate.
     owner = torch.repeat_interleave(torch.arange(3000), mix.offsets.diff())
-    counts = torch.zeros(3000, 3, dtype=torch.float64).index_put_((owner, mix.z), torch.ones(owner.numel(),
-                                                                  dtype=torch.float64), accumulate=True)
+    counts = torch.zeros(3000, 3, dtype=torch.float64).index_put_(
+        (owner, mix.z), torch.ones(owner.numel(), dtype=torch.float64), accumulate=True
+    )
     expected = mix.offsets.diff().double().unsqueeze(1) * pi
     variance = (expected * (1 - pi)).sum(0)
     assert torch.all((counts.sum(0) - expected.sum(0)).abs() < 5 * variance.sqrt())
@@ -114,8 +123,14 @@ def test_global_clients_are_pure_components(paper_task):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"alpha": 0.0}, {"num_clients": 0}, {"noise_std": -1.0}, {"label_rule": "round"},
-               {"min_samples": 10, "max_samples": 5}]
+    "kwargs",
+    [
+        {"alpha": 0.0},
+        {"num_clients": 0},
+        {"noise_std": -1.0},
+        {"label_rule": "round"},
+        {"min_samples": 10, "max_samples": 5},
+    ],
 )
 def test_bad_arguments_are_rejected(kwargs):
     with pytest.raises(ValueError):

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedcluster.datamodules.datasets.fedsoft_synthetic import FedSoftSynthetic, generate_fedsoft_data
+from lightning_fedcluster.datamodules.datasets.fedsoft_synthetic import (
+    FedSoftSynthetic,
+    generate_fedsoft_data,
+)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ def write_drift_csv(path: Path, n: int = 1200, seed: int = 0, client_ids: int = 
         writer.writerow(["date", "f1", "f2", "row"] + (["user"] if client_ids else []) + ["class"])
         for i in range(n):
             extra = [f"u{i % client_ids}"] if client_ids else []
-            writer.writerow([f"{time[i]:.6f}", f"{f1[i]:.5f}", f"{f2[i]:.5f}", i] + extra
-                            + ["UP" if up[i] else "DOWN"])
+            writer.writerow(
+                [f"{time[i]:.6f}", f"{f1[i]:.5f}", f"{f2[i]:.5f}", i] + extra + ["UP" if up[i] else "DOWN"]
+            )
     return path
 
 
@@ -40,8 +41,15 @@ def original_rows(dm: CSVFederated, x: torch.Tensor) -> np.ndarray:
 
 
 def test_time_segments_are_concepts(drift_csv: Path) -> None:
-    dm = CSVFederated(str(drift_csv), label_column="class", time_column="date", num_segments=2,
-                      num_clients=10, dirichlet_alpha=0.5, seed=0)
+    dm = CSVFederated(
+        str(drift_csv),
+        label_column="class",
+        time_column="date",
+        num_segments=2,
+        num_clients=10,
+        dirichlet_alpha=0.5,
+        seed=0,
+    )
     columns = read_csv(drift_csv)
     time = columns["date"].astype(float)
     assert dm.classes == ["DOWN", "UP"] and dm.num_classes == 2 and dm.task == "classification"
@@ -61,23 +69,40 @@ def test_time_segments_are_concepts(drift_csv: Path) -> None:
 
 
 def test_standardisation_uses_training_rows_only(drift_csv: Path) -> None:
-    dm = CSVFederated(str(drift_csv), label_column="class", num_clients=6, dirichlet_alpha=None,
-                      feature_columns=["f1", "f2"], seed=1)
+    dm = CSVFederated(
+        str(drift_csv),
+        label_column="class",
+        num_clients=6,
+        dirichlet_alpha=None,
+        feature_columns=["f1", "f2"],
+        seed=1,
+    )
     assert torch.allclose(dm.train_x.mean(dim=0), torch.zeros(2), atol=1e-5)
     assert torch.allclose(dm.train_x.std(dim=0, unbiased=False), torch.ones(2), atol=1e-4)
     assert not torch.allclose(dm.test_x.mean(dim=0), torch.zeros(2), atol=1e-5)
     raw = dm.train_x * dm.feature_std + dm.feature_mean
     assert torch.allclose(dm.feature_mean, raw.mean(dim=0), atol=1e-4)
-    plain = CSVFederated(str(drift_csv), label_column="class", num_clients=6, dirichlet_alpha=None,
-                         feature_columns=["f1", "f2"], standardize=False, seed=1)
+    plain = CSVFederated(
+        str(drift_csv),
+        label_column="class",
+        num_clients=6,
+        dirichlet_alpha=None,
+        feature_columns=["f1", "f2"],
+        standardize=False,
+        seed=1,
+    )
     assert torch.allclose(plain.train_x, raw, atol=1e-4)
 
 
 def test_dirichlet_skew_and_determinism(drift_csv: Path) -> None:
     kwargs = dict(label_column="class", num_clients=20, dirichlet_alpha=0.1, seed=4)
     dm = CSVFederated(str(drift_csv), **kwargs)
-    shares = torch.stack([torch.bincount(torch.cat([dm.train_split(i)[1], dm.test_split(i)[1]]),
-                                         minlength=2).float() for i in range(20)])
+    shares = torch.stack(
+        [
+            torch.bincount(torch.cat([dm.train_split(i)[1], dm.test_split(i)[1]]), minlength=2).float()
+            for i in range(20)
+        ]
+    )
     shares = shares / shares.sum(dim=1, keepdim=True)
     assert float(shares.max(dim=1).values.mean()) > 0.8  # alpha = 0.1: nearly one class each
     assert int((dm.train_sizes + dm.test_sizes).min()) >= 2
@@ -87,8 +112,15 @@ def test_dirichlet_skew_and_determinism(drift_csv: Path) -> None:
 
 def test_natural_partition_and_unseen_clients(tmp_path: Path) -> None:
     path = write_drift_csv(tmp_path / "users.csv", n=400, client_ids=8)
-    dm = CSVFederated(str(path), label_column="class", client_column="user", global_test_fraction=0,
-                      unseen_fraction=0.25, feature_columns=["f1", "f2"], seed=0)
+    dm = CSVFederated(
+        str(path),
+        label_column="class",
+        client_column="user",
+        global_test_fraction=0,
+        unseen_fraction=0.25,
+        feature_columns=["f1", "f2"],
+        seed=0,
+    )
     assert dm.num_clients == 6 and dm.num_global_clients == 2
     assert (dm.train_sizes + dm.val_sizes + dm.test_sizes).tolist() == [50] * 6
     assert [dm.global_split(g)[0].shape[0] for g in range(2)] == [50, 50]
@@ -103,8 +135,9 @@ def test_regression_task(tmp_path: Path) -> None:
         for _ in range(200):
             a, b = rng.normal(size=2)
             writer.writerow([a, b, 2 * a - b + 0.1 * rng.normal()])
-    dm = CSVFederated(str(path), label_column="target", task="regression", dirichlet_alpha=None,
-                      num_clients=5, seed=0)
+    dm = CSVFederated(
+        str(path), label_column="target", task="regression", dirichlet_alpha=None, num_clients=5, seed=0
+    )
     assert dm.task == "regression" and dm.num_classes is None and dm.classes is None
     assert dm.train_y.dtype == torch.float32 and dm.target_shape == ()
     assert dm.num_global_clients == 1 and dm.global_split(0)[1].shape == (40,)
@@ -140,8 +173,16 @@ def test_drift_rows_cut_the_file_order_into_concepts(tmp_path: Path) -> None:
         writer = csv.writer(f)
         writer.writerow(["period", "nswprice", "nswdemand", "vicprice", "vicdemand", "transfer", "class"])
         writer.writerows([*(f"{v:.6f}" for v in row), int(u)] for row, u in zip(values, up, strict=True))
-    dm = CSVFederated(str(path), label_column="class", drift_rows=[drift], num_clients=12,
-                      dirichlet_alpha=0.1, mix_segments=True, standardize=False, seed=0)
+    dm = CSVFederated(
+        str(path),
+        label_column="class",
+        drift_rows=[drift],
+        num_clients=12,
+        dirichlet_alpha=0.1,
+        mix_segments=True,
+        standardize=False,
+        seed=0,
+    )
     assert dm.feature_columns == ["period", "nswprice", "nswdemand", "vicprice", "vicdemand", "transfer"]
     assert dm.num_global_clients == 2 and dm.metadata.global_concept.tolist() == [0, 1]
 
@@ -160,8 +201,17 @@ def test_drift_rows_cut_the_file_order_into_concepts(tmp_path: Path) -> None:
         writer = csv.writer(f)
         writer.writerow(["date", *columns])
         writer.writerows([i, *(columns[c][i] for c in columns)] for i in order)
-    timed = CSVFederated(str(shuffled), label_column="class", time_column="date", drift_rows=[drift],
-                         num_clients=12, dirichlet_alpha=0.1, mix_segments=True, standardize=False, seed=0)
+    timed = CSVFederated(
+        str(shuffled),
+        label_column="class",
+        time_column="date",
+        drift_rows=[drift],
+        num_clients=12,
+        dirichlet_alpha=0.1,
+        mix_segments=True,
+        standardize=False,
+        seed=0,
+    )
     assert source_rows(timed.global_split(0)[0]) <= set(range(drift))
     assert source_rows(timed.global_split(1)[0]) <= set(range(drift, n))
 

@@ -1,22 +1,16 @@
-"""Pure partition functions: hold-out, IID / Dirichlet splits, client types, train/test; and the
-partitioners beyond IID/Dirichlet: n-class, WeCFL cluster-wise, FedSoft mixtures, natural, unseen
-clients (statistical checks with fixed seeds)."""
+"""Label-skew partitioners: IID, Dirichlet (minimum size, reserve), n-class, WeCFL cluster-wise and
+the FedRC authors' prior Dirichlet (statistical checks with fixed seeds)."""
+
+from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from lightning_fedcluster.datamodules import partition
 
 
 def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
-
-
-@pytest.fixture(scope="module")
-def labels() -> np.ndarray:
-    """3000 labels over 10 classes, slightly unbalanced."""
-    return np.random.default_rng(123).choice(10, size=3000, p=np.linspace(0.06, 0.14, 10))
 
 
 def histograms(labels: np.ndarray, parts: list[np.ndarray], num_classes: int = 10) -> np.ndarray:
@@ -30,43 +24,15 @@ def assert_exact_cover(parts: list[np.ndarray], n: int) -> None:
     assert np.array_equal(np.sort(merged), np.arange(n))
 
 
-# --- largest remainder -----------------------------------------------------------------------
+def assert_disjoint(parts: list[np.ndarray]) -> None:
+    merged = np.concatenate(parts)
+    assert np.unique(merged).size == merged.size
 
 
-@pytest.mark.parametrize(
-    ("total", "expected"), [(20, [10, 5, 5]), (30, [15, 8, 7]), (4, [2, 1, 1]), (1, [1, 0, 0])]
-)
-def test_largest_remainder_paper_mix(total: int, expected: list[int]) -> None:
-    counts = partition.largest_remainder([0.5, 0.25, 0.25], total)
-    assert counts.tolist() == expected
-
-
-def test_largest_remainder_sums_and_is_close() -> None:
-    for total in range(0, 50):
-        p = [0.2, 0.3, 0.1, 0.4]
-        counts = partition.largest_remainder(p, total)
-        assert counts.sum() == total
-        assert np.all(np.abs(counts - np.array(p) * total) < 1)
-
-
-def test_largest_remainder_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match="proportions"):
-        partition.largest_remainder([-0.5, 1.5], 3)
-    with pytest.raises(ValueError, match="total"):
-        partition.largest_remainder([1.0], -1)
-
-
-# --- stratified hold-out and IID split -------------------------------------------------------
-
-
-def test_stratified_split_holds_out_each_class(labels: np.ndarray) -> None:
-    kept, held = partition.stratified_split(labels, 0.2, rng())
-    assert_exact_cover([kept, held], labels.size)
-    for cls in range(10):
-        n = int((labels == cls).sum())
-        assert (labels[held] == cls).sum() == partition.held_out_count(n, 0.2)
-    kept0, _ = partition.stratified_split(labels, 0.0, rng())
-    assert kept0.size == labels.size
+@pytest.fixture(scope="module")
+def labels_4000() -> np.ndarray:
+    """4000 labels over 10 classes, slightly unbalanced (the partitioners' set below)."""
+    return np.random.default_rng(11).choice(10, size=4000, p=np.linspace(0.07, 0.13, 10))
 
 
 def test_iid_split_is_balanced_and_near_uniform(labels: np.ndarray) -> None:
@@ -77,9 +43,6 @@ def test_iid_split_is_balanced_and_near_uniform(labels: np.ndarray) -> None:
     overall = np.bincount(labels, minlength=10) / labels.size
     # 300 samples per client: label shares stay within a few points of the overall mix.
     assert np.abs(histograms(labels, parts) - overall).max() < 0.08
-
-
-# --- Dirichlet label skew --------------------------------------------------------------------
 
 
 def skew(labels: np.ndarray, parts: list[np.ndarray]) -> float:
@@ -109,9 +72,7 @@ def test_dirichlet_alpha_controls_skew(labels: np.ndarray) -> None:
     # Dominant-class share tells the same story.
     top = partition.dirichlet_split(labels, 20, 0.1, rng(1))
     flat = partition.dirichlet_split(labels, 20, 100.0, rng(1))
-    assert (
-        histograms(labels, top).max(axis=1).mean() > 2 * histograms(labels, flat).max(axis=1).mean()
-    )
+    assert histograms(labels, top).max(axis=1).mean() > 2 * histograms(labels, flat).max(axis=1).mean()
 
 
 def test_dirichlet_split_is_deterministic(labels: np.ndarray) -> None:
@@ -127,77 +88,6 @@ def test_dirichlet_split_gives_up_with_a_clear_error(labels: np.ndarray) -> None
         partition.dirichlet_split(labels[:60], 25, 0.05, rng(), min_size=2, max_attempts=5)
 
 
-# --- client types ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("num_clients", "concepts", "corrupted"),
-    [(20, [10, 5, 5], [4, 1, 1]), (30, [15, 8, 7], [6, 2, 1]), (300, [150, 75, 75], [60, 15, 15])],
-)
-def test_paper_client_types_have_exact_counts(
-    num_clients: int, concepts: list[int], corrupted: list[int]
-) -> None:
-    for seed in range(3):
-        concept, corrupt = partition.assign_client_types(
-            num_clients, [0.5, 0.25, 0.25], [0.4, 0.2, 0.2], rng(seed)
-        )
-        assert concept.dtype == np.int64 and corrupt.dtype == bool
-        assert np.bincount(concept, minlength=3).tolist() == concepts
-        assert np.bincount(concept[corrupt], minlength=3).tolist() == corrupted
-
-
-def test_client_types_are_shuffled_and_deterministic() -> None:
-    a = partition.assign_client_types(20, [0.5, 0.25, 0.25], [0.4, 0.2, 0.2], rng(0))
-    b = partition.assign_client_types(20, [0.5, 0.25, 0.25], [0.4, 0.2, 0.2], rng(0))
-    c = partition.assign_client_types(20, [0.5, 0.25, 0.25], [0.4, 0.2, 0.2], rng(1))
-    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-    assert not np.array_equal(a[0], c[0])
-    assert not np.array_equal(a[0], np.sort(a[0]))  # not in blocks
-
-
-def test_concepts_do_not_depend_on_corrupt_fractions() -> None:
-    concept_a, _ = partition.assign_client_types(40, [0.5, 0.25, 0.25], [0.4, 0.2, 0.2], rng(3))
-    concept_b, none = partition.assign_client_types(40, [0.5, 0.25, 0.25], [0.0, 0.0, 0.0], rng(3))
-    assert np.array_equal(concept_a, concept_b)
-    assert not none.any()
-
-
-def test_client_types_reject_mismatched_fractions() -> None:
-    with pytest.raises(ValueError, match="corrupt_fractions"):
-        partition.assign_client_types(10, [0.5, 0.5], [0.1], rng())
-
-
-# --- per-client train/test -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("n", "fraction", "n_test"),
-    [(50, 0.2, 10), (48, 0.2, 10), (2, 0.2, 0), (1, 0.5, 0), (3, 0.9, 2)],
-)
-def test_train_test_split_sizes(n: int, fraction: float, n_test: int) -> None:
-    train, test = partition.train_test_split(n, fraction, rng())
-    assert test.size == n_test and train.size == n - n_test
-    assert_exact_cover([train, test], n)
-
-
-# --- partitioners beyond IID/Dirichlet: n-class, WeCFL cluster-wise, FedSoft mixtures, natural,
-# unseen clients; statistical checks with fixed seeds --------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def labels_4000() -> np.ndarray:
-    """4000 labels over 10 classes, slightly unbalanced (the partitioners' set below)."""
-    return np.random.default_rng(11).choice(10, size=4000, p=np.linspace(0.07, 0.13, 10))
-
-
-def assert_disjoint(parts: list[np.ndarray]) -> None:
-    merged = np.concatenate(parts)
-    assert np.unique(merged).size == merged.size
-
-
-# --- Dirichlet minimum client size (existing partitioner) ------------------------------------
-
-
 def test_dirichlet_min_size_is_honoured_at_small_alpha(labels_4000: np.ndarray) -> None:
     # Unconstrained, only ~16% of the Dir(0.2) draws give every one of 20 clients >= 50 samples.
     unconstrained = [partition.dirichlet_split(labels_4000, 20, 0.2, rng(s)) for s in range(20)]
@@ -208,7 +98,17 @@ def test_dirichlet_min_size_is_honoured_at_small_alpha(labels_4000: np.ndarray) 
         assert_exact_cover(parts, labels_4000.size)
 
 
-# --- pathological n-class --------------------------------------------------------------------
+def test_dirichlet_reserve_guarantees_min_size_under_extreme_skew() -> None:
+    labels = np.random.default_rng(0).integers(0, 2, size=6000)  # binary, like Electricity
+    with pytest.raises(ValueError, match="larger dirichlet_alpha"):
+        partition.dirichlet_split(labels, 300, 0.1, rng(), min_size=2, max_attempts=5)
+    parts = partition.dirichlet_split(labels, 300, 0.1, rng(), min_size=2, reserve=True)
+    assert_exact_cover(parts, labels.size)
+    assert min(p.size for p in parts) >= 2
+    shares = np.array([labels[p].mean() for p in parts if p.size >= 20])
+    assert np.mean((shares < 0.1) | (shares > 0.9)) > 0.5  # still strongly skewed
+    again = partition.dirichlet_split(labels, 300, 0.1, rng(), min_size=2, reserve=True)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
 
 
 @pytest.mark.parametrize(("clients", "n"), [(20, 2), (30, 3), (10, 1), (7, 4)])
@@ -239,9 +139,6 @@ def test_n_class_rejects_bad_arguments(labels_4000: np.ndarray) -> None:
         partition.n_class_split(labels_4000, 0, 2, rng())
     with pytest.raises(ValueError, match="labels must hold integer class indices"):
         partition.n_class_split(labels_4000.astype(float), 5, 2, rng())
-
-
-# --- WeCFL cluster-wise non-IID --------------------------------------------------------------
 
 
 def tv(hist_a: np.ndarray, hist_b: np.ndarray) -> float:
@@ -292,101 +189,56 @@ def test_cluster_splits_reject_bad_arguments(labels_4000: np.ndarray) -> None:
         partition.cluster_n_class_split(labels_4000, 10, 2, rng(), classes_per_client=4)
 
 
-# --- FedSoft mixtures ------------------------------------------------------------------------
+class RecordingGenerator:
+    """A numpy Generator that records the concentration of every Dirichlet draw."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.alphas: list[np.ndarray] = []
+
+    def dirichlet(self, alpha: np.ndarray) -> np.ndarray:
+        self.alphas.append(np.array(alpha, dtype=float))
+        return self.rng.dirichlet(alpha)
+
+    def __getattr__(self, name: str):  # everything else goes to the real generator
+        return getattr(self.rng, name)
 
 
-@pytest.mark.parametrize(("pattern", "minor"), [("10:90", 0.1), ("30:70", 0.3)])
-def test_two_level_mixtures(pattern: str, minor: float) -> None:
-    weights = partition.mixture_weights(pattern, 100, 2, rng())
-    assert weights.shape == (100, 2) and np.allclose(weights.sum(axis=1), 1)
-    assert sorted(np.round(weights[:, 0], 6).tolist()) == [minor] * 50 + [1 - minor] * 50
-    assert not np.array_equal(weights[:50, 0], np.full(50, minor))  # clients shuffled
+def test_prior_dirichlet_draws_dir_alpha_times_the_remaining_class_prior() -> None:
+    labels = np.repeat(np.arange(4), [500, 300, 150, 50])  # p = 0.5 / 0.3 / 0.15 / 0.05
+    rng = RecordingGenerator(0)
+    parts = partition.prior_dirichlet_split(labels, 10, 2.5, rng)  # type: ignore[arg-type]
+    assert len(rng.alphas) == 10
+    np.testing.assert_allclose(rng.alphas[0], 2.5 * np.array([0.5, 0.3, 0.15, 0.05]))
+    left = np.bincount(labels, minlength=4)
+    for alpha, part in zip(rng.alphas, parts, strict=True):
+        alive = left > 0
+        np.testing.assert_allclose(alpha, 2.5 * left[alive] / left.sum())  # the rows still unassigned
+        left = left - np.bincount(labels[part], minlength=4)
+    assert {len(p) for p in parts} == {100}  # 1000 // 10 each
+    everything = np.concatenate(parts)
+    assert np.unique(everything).size == everything.size == 1000  # without replacement
 
 
-def test_linear_mixture_matches_the_paper() -> None:
-    weights = partition.mixture_weights("linear", 100, 2, rng())
-    assert np.allclose(weights[:, 0] * 100, np.arange(100) + 0.5)
-    assert np.allclose(weights[:, 1] * 100, 99.5 - np.arange(100))
+def test_prior_dirichlet_shares_follow_the_prior_with_total_mass_alpha() -> None:
+    # A large pool so the prior barely moves: mean share ~ p, share variance ~ p (1 - p) / (alpha + 1).
+    p = np.array([0.6, 0.3, 0.1])
+    labels = np.repeat(np.arange(3), (p * 400_000).astype(int))
+    for alpha in (1.0, 8.0):
+        parts = partition.prior_dirichlet_split(labels, 400, alpha, np.random.default_rng(3), size=200)
+        shares = np.stack([np.bincount(labels[part], minlength=3) / 200 for part in parts])
+        np.testing.assert_allclose(shares.mean(0), p, atol=0.04)
+        estimate = np.mean(p * (1 - p) / shares.var(0)) - 1  # ignores the small sampling noise
+        assert 0.7 * alpha < estimate < 1.3 * alpha, (alpha, estimate)
 
 
-def test_random_mixture_is_uniform_spacings() -> None:
-    weights = partition.mixture_weights("random", 4000, 4, rng(1))
-    assert np.allclose(weights.sum(axis=1), 1) and (weights >= 0).all()
-    # Uniform spacings of S-1 points are Dirichlet(1, ..., 1): mean 1/S, variance (S-1)/(S^2 (S+1)).
-    assert np.allclose(weights.mean(axis=0), 0.25, atol=0.01)
-    assert np.allclose(weights.var(axis=0), 3 / (16 * 5), atol=0.005)
-    two = partition.mixture_weights("random", 4000, 2, rng(2))[:, 0]
-    assert abs(two.mean() - 0.5) < 0.02 and abs(two.var() - 1 / 12) < 0.005  # Uniform(0, 1)
-
-
-def test_mixture_split_draws_the_stated_counts() -> None:
-    sources = np.repeat([0, 1], [3000, 3000])
-    weights = partition.mixture_weights("30:70", 20, 2, rng())
-    sizes = rng(1).integers(100, 201, size=20)
-    parts = partition.mixture_split(sources, weights, sizes, rng(2))
-    assert_disjoint(parts)
-    counts = partition.mixture_counts(weights, sizes)
-    for p, row, n in zip(parts, counts, sizes, strict=True):
-        assert p.size == n and np.bincount(sources[p], minlength=2).tolist() == row.tolist()
-    assert np.allclose(counts / sizes[:, None], weights, atol=1 / 100 + 1e-9)
-    with pytest.raises(ValueError, match="source 0"):
-        partition.mixture_split(sources[:300], weights, sizes, rng())
-
-
-def test_mixture_weights_reject_bad_patterns() -> None:
-    with pytest.raises(ValueError, match="pattern must be one of"):
-        partition.mixture_weights("20:90", 10, 2, rng())
-    with pytest.raises(ValueError, match="use pattern='random' for more sources"):
-        partition.mixture_weights("linear", 10, 3, rng())
-
-
-# --- natural partition, unseen clients, map-style datasets ------------------------------------
-
-
-def test_natural_split_groups_by_id() -> None:
-    ids = np.array(["b", "a", "b", "c", "a", "a"])
-    parts = partition.natural_split(ids)
-    assert [p.tolist() for p in parts] == [[1, 4, 5], [0, 2], [3]]
-    assert [p.tolist() for p in partition.natural_split([3, 1, 3])] == [[1], [0, 2]]
-
-
-def test_holdout_clients_is_fedem_80_20() -> None:
-    seen, unseen = partition.holdout_clients(100, 0.2, rng())
-    assert seen.size == 80 and unseen.size == 20
-    assert np.array_equal(np.sort(np.concatenate([seen, unseen])), np.arange(100))
-    assert partition.holdout_clients(1, 0.5, rng())[1].size == 0  # one client always stays
-    with pytest.raises(ValueError, match="unseen fraction must be a number in"):
-        partition.holdout_clients(10, 1.0, rng())
-
-
-def test_dataset_labels_reads_targets_or_items() -> None:
-    class Items(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return 3
-
-        def __getitem__(self, i: int):
-            return torch.zeros(2), torch.tensor(2 - i)
-
-    assert partition.dataset_labels(Items()).tolist() == [2, 1, 0]
-    tensors = torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.tensor([1, 0, 1, 3]))
-    assert partition.dataset_labels(tensors).tolist() == [1, 0, 1, 3]
-
-    class WithTargets(Items):
-        targets = [5, 6, 7]
-
-    assert partition.dataset_labels(WithTargets()).tolist() == [5, 6, 7]
-    parts = partition.dirichlet_split(partition.dataset_labels(tensors), 2, 1.0, rng())
-    assert_exact_cover(parts, 4)
-
-
-def test_dirichlet_reserve_guarantees_min_size_under_extreme_skew() -> None:
-    labels = np.random.default_rng(0).integers(0, 2, size=6000)  # binary, like Electricity
-    with pytest.raises(ValueError, match="larger dirichlet_alpha"):
-        partition.dirichlet_split(labels, 300, 0.1, rng(), min_size=2, max_attempts=5)
-    parts = partition.dirichlet_split(labels, 300, 0.1, rng(), min_size=2, reserve=True)
-    assert_exact_cover(parts, labels.size)
-    assert min(p.size for p in parts) >= 2
-    shares = np.array([labels[p].mean() for p in parts if p.size >= 20])
-    assert np.mean((shares < 0.1) | (shares > 0.9)) > 0.5  # still strongly skewed
-    again = partition.dirichlet_split(labels, 300, 0.1, rng(), min_size=2, reserve=True)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+def test_prior_dirichlet_fills_clients_when_classes_run_out() -> None:
+    labels = np.repeat(np.arange(3), [90, 6, 4])
+    parts = partition.prior_dirichlet_split(labels, 10, 0.05, np.random.default_rng(0))
+    assert [len(p) for p in parts] == [10] * 10 and np.unique(np.concatenate(parts)).size == 100
+    again = partition.prior_dirichlet_split(labels, 10, 0.05, np.random.default_rng(0))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))  # same seed, same split
+    with pytest.raises(ValueError, match="concentration must be a positive number"):
+        partition.prior_dirichlet_split(labels, 10, 0.0, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="rows are needed"):
+        partition.prior_dirichlet_split(labels, 10, 1.0, np.random.default_rng(0), size=11)
