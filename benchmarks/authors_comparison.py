@@ -76,7 +76,7 @@ from lightning_fedcluster.datamodules import (
     partition,
     shifts,
 )
-from lightning_fedcluster.datamodules.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.metrics import concept_ari
 from lightning_fedcluster.models import FashionCNN
 

@@ -40,7 +40,7 @@ from _common import (
 )
 
 from lightning_fedcluster import ClusteredModule, FederatedDataModule, FedRCStrategy
-from lightning_fedcluster.datamodules.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.models import MLPClassifier
 
 TARGET_RATIO = 3.0  # validating 2,000 clients <= 3x one 200-client training round

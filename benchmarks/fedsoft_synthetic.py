@@ -29,7 +29,7 @@ import torch
 from _common import make_trainer
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
+from lightning_fedcluster.datamodules import FedSoftSynthetic
 from lightning_fedcluster.models import LinearRegressor
 
 PATTERNS = ("10:90", "30:70", "linear", "random")

@@ -44,7 +44,7 @@ def workload(name: str) -> tuple[Callable[[], nn.Module], Tensor, Tensor, Tensor
     """(model factory, x, y, client offsets, classes, batch size, client chunk) of a named workload."""
     generator = torch.Generator().manual_seed(0)
     if name == "linear":  # W2: FedEM synthetic sizes, linear 150 -> 2
-        from lightning_fedcluster.datamodules.synthetic import FedEMSynthetic
+        from lightning_fedcluster.datamodules import FedEMSynthetic
 
         dm = FedEMSynthetic(seed=0)
         factory = lambda: MLPClassifier(150, 2, hidden=(), lr=0.1)  # noqa: E731

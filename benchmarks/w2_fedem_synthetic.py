@@ -34,7 +34,7 @@ from _common import (
 )
 
 from lightning_fedcluster import ClusteredModule, FedEMStrategy
-from lightning_fedcluster.datamodules.synthetic import FedEMSynthetic
+from lightning_fedcluster.datamodules import FedEMSynthetic
 from lightning_fedcluster.models import MLPClassifier
 
 LR = 0.1

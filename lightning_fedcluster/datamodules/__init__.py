@@ -1,26 +1,27 @@
 """Federated data: clients' splits, scenario construction (label/feature/concept shift), data sets.
 
-The vision datamodules import torchvision (the `vision` extra) only when they are built.
+The core (`FederatedDataModule` in `federated`, its builders, loaders, storage, input checks and
+evaluation splits) sits at this level; `partition` holds the partition functions, `shifts` the
+concept label maps and image corruptions, and `datasets` the ready-made data sets. Every public
+name is importable from here. The vision datamodules import torchvision (the `vision` extra)
+only when they are built.
 """
 
 from lightning_fedcluster.datamodules import partition, shifts
-from lightning_fedcluster.datamodules.digits import DigitsFederated
-from lightning_fedcluster.datamodules.federated import (
-    ClientMetadata,
-    FederatedDataModule,
-    build_clients,
-    build_scenario,
-    dataset_to_tensors,
-)
-from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
-from lightning_fedcluster.datamodules.summary import client_rows, format_summary, summary_figure
-from lightning_fedcluster.datamodules.synthetic import FedEMSynthetic
-from lightning_fedcluster.datamodules.tabular import CSVFederated
-from lightning_fedcluster.datamodules.vision import (
+from lightning_fedcluster.datamodules.clients import build_clients, dataset_to_tensors
+from lightning_fedcluster.datamodules.datasets import (
     CIFAR10Federated,
     CIFAR100Federated,
+    CSVFederated,
+    DigitsFederated,
     FashionMNISTFederated,
+    FedEMSynthetic,
+    FedSoftSynthetic,
 )
+from lightning_fedcluster.datamodules.federated import FederatedDataModule
+from lightning_fedcluster.datamodules.metadata import ClientMetadata
+from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.summary import client_rows, format_summary, summary_figure
 
 __all__ = [
     "CIFAR100Federated",

@@ -1,11 +1,12 @@
 """Building a FederatedDataModule from raw data: the FedRC scenario from labelled tensors
 (``from_tensors``) or clients from any partition (``from_partition``). A mixin, so the
-datamodule class keeps one job (holding and serving the splits)."""
+datamodule class keeps one job (holding and serving the splits); the datamodule class supplies
+``_construct`` and names itself as the type built, so this module does not import it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
@@ -13,24 +14,19 @@ from lightning_fedcluster.datamodules.clients import build_clients
 from lightning_fedcluster.datamodules.scenario import build_scenario
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
-if TYPE_CHECKING:
-    from lightning_fedcluster.datamodules.federated import FederatedDataModule
+Built = TypeVar("Built")
+"""The datamodule type the builders return (`FederatedDataModule`)."""
 
 
-class ScenarioBuilders:
+class ScenarioBuilders(Generic[Built]):
     """``FederatedDataModule.from_tensors`` and ``FederatedDataModule.from_partition``."""
 
     @classmethod
     def _construct(
         cls, arguments: dict[str, Any], batch_size: int, val_share: float, adapt_fraction: float, seed: int
-    ) -> FederatedDataModule:
-        """The datamodule holding built clients ``arguments``. Subclasses with their own constructor
-        (e.g. DigitsFederated) cannot take these arguments: they get a FederatedDataModule."""
-        from lightning_fedcluster.datamodules.federated import FederatedDataModule
-
-        target = cls if cls.__init__ is FederatedDataModule.__init__ else FederatedDataModule
-        options = dict(batch_size=batch_size, val_share=val_share, adapt_fraction=adapt_fraction, seed=seed)
-        return target(**arguments, **options)
+    ) -> Built:
+        """The datamodule holding built clients ``arguments``; the class mixing this in provides it."""
+        raise NotImplementedError(f"{cls.__name__} mixes in ScenarioBuilders but does not define _construct")
 
     @classmethod
     def from_tensors(
@@ -55,7 +51,7 @@ class ScenarioBuilders:
         val_share: float = 0.5,
         adapt_fraction: float = 0.4,
         preset: str | None = None,
-    ) -> FederatedDataModule:
+    ) -> Built:
         """Build the FedRC scenario from labelled tensors; see `build_scenario` for the steps
         (`preset="authors"`: the client mix of the FedRC authors' scripts).
 
@@ -102,7 +98,7 @@ class ScenarioBuilders:
         seed: int = 0,
         val_share: float = 0.5,
         adapt_fraction: float = 0.4,
-    ) -> FederatedDataModule:
+    ) -> Built:
         """Clients from any partition of (x, y), e.g. one made by the `partition` functions;
         see `build_clients`. Works for classification and regression targets alike. The
         held-out rows and global clients are split for evaluation as in the class docstring

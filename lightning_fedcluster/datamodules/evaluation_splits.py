@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.datamodules.partition_counts import held_out_count
+from lightning_fedcluster.datamodules.partition.counts import held_out_count
 
 __all__ = [
     "EVALUATION_PARTS",

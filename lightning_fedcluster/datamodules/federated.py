@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 from torch import Tensor
@@ -27,6 +28,7 @@ from lightning_fedcluster.datamodules.evaluation_splits import (
     carve_evaluation_rows,
     val_share_arg,
 )
+from lightning_fedcluster.datamodules.loaders import evaluation_dataloader, round_dataloader
 from lightning_fedcluster.datamodules.metadata import ClientMetadata
 from lightning_fedcluster.datamodules.scenario import build_scenario
 from lightning_fedcluster.datamodules.storage import check_stage_part, client_slice, concatenate
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 
-class FederatedDataModule(ScenarioBuilders, pl.LightningDataModule):
+class FederatedDataModule(ScenarioBuilders["FederatedDataModule"], pl.LightningDataModule):
     """Participating clients (train + validation + test split each) and non-participating global
     test clients.
 
@@ -148,6 +150,17 @@ class FederatedDataModule(ScenarioBuilders, pl.LightningDataModule):
         check_finite_split("client_test", held_x, held_y, held_offsets)
         check_finite_split("global_test", self.global_x, self.global_y, self.global_offsets)
         self._split_for_evaluation(held_x, held_y, held_offsets)
+
+    @classmethod
+    def _construct(
+        cls, arguments: dict[str, Any], batch_size: int, val_share: float, adapt_fraction: float, seed: int
+    ) -> FederatedDataModule:
+        """The datamodule holding built clients ``arguments`` (``from_tensors``/``from_partition``).
+        Subclasses with their own constructor (e.g. DigitsFederated) cannot take these arguments:
+        they get a FederatedDataModule."""
+        target = cls if cls.__init__ is FederatedDataModule.__init__ else FederatedDataModule
+        options = dict(batch_size=batch_size, val_share=val_share, adapt_fraction=adapt_fraction, seed=seed)
+        return target(**arguments, **options)
 
     def _split_for_evaluation(self, held_x: Tensor, held_y: Tensor, held_offsets: Tensor) -> None:
         """Carve validation out of the held-out rows and plan the global adapt/score parts."""
@@ -306,23 +319,15 @@ class FederatedDataModule(ScenarioBuilders, pl.LightningDataModule):
         return client_slice(self.global_x, self.global_y, self.global_offsets, g, "g", count)
 
     def train_dataloader(self):
-        from lightning_fedcluster.datamodules.loaders import round_dataloader
-
         return round_dataloader(self)
 
     def val_dataloader(self):
-        from lightning_fedcluster.datamodules.loaders import evaluation_dataloader
-
         return evaluation_dataloader(self, "val")
 
     def test_dataloader(self):
-        from lightning_fedcluster.datamodules.loaders import evaluation_dataloader
-
         return evaluation_dataloader(self, "test")
 
     def predict_dataloader(self):
         """``trainer.predict`` reads the rows ``trainer.test`` scores: the participating clients'
         test rows, then each global client's test score rows (``lightning_fedcluster.prediction``)."""
-        from lightning_fedcluster.datamodules.loaders import evaluation_dataloader
-
         return evaluation_dataloader(self, "test")

@@ -5,9 +5,10 @@ keeps them as they are and does not wrap them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_fedcluster.algorithms.schedule import RoundSchedule
@@ -19,10 +20,30 @@ from lightning_fedcluster.engine.work_items import (
     empty_clients,
 )
 
-if TYPE_CHECKING:
-    from lightning_fedcluster.datamodules.federated import FederatedDataModule
+__all__ = [
+    "NO_CLIENT",
+    "EvaluationSampler",
+    "RoundSampler",
+    "ServedData",
+    "evaluation_dataloader",
+    "round_dataloader",
+]
 
-__all__ = ["NO_CLIENT", "EvaluationSampler", "RoundSampler", "evaluation_dataloader", "round_dataloader"]
+
+class ServedData(Protocol):
+    """What the loaders read of a `FederatedDataModule`: its trainer and the size of each split.
+    Structural, so that this module does not import the datamodule that imports it."""
+
+    trainer: Any
+
+    @property
+    def val_sizes(self) -> Tensor: ...
+
+    @property
+    def test_sizes(self) -> Tensor: ...
+
+    @property
+    def num_global_clients(self) -> int: ...
 
 
 class _WorkItems(Dataset):
@@ -115,7 +136,7 @@ class EvaluationSampler(DistributedSampler):
 
     def __init__(
         self,
-        datamodule: FederatedDataModule,
+        datamodule: ServedData,
         num_replicas: int | None = None,
         rank: int | None = None,
         rows_per_item: int = 4096,
@@ -156,21 +177,21 @@ def _loader(sampler: DistributedSampler) -> DataLoader:
     return DataLoader(_WorkItems(), sampler=sampler, batch_size=None, num_workers=0)
 
 
-def round_dataloader(datamodule: FederatedDataModule) -> DataLoader:
+def round_dataloader(datamodule: ServedData) -> DataLoader:
     """The training loader: one epoch is one communication round of the strategy's schedule."""
     strategy = _federated_strategy(datamodule)
     trainer = datamodule.trainer
     return _loader(RoundSampler(strategy.round_schedule(datamodule), lambda: trainer.current_epoch))
 
 
-def evaluation_dataloader(datamodule: FederatedDataModule, stage: str) -> DataLoader:
+def evaluation_dataloader(datamodule: ServedData, stage: str) -> DataLoader:
     """The validation ("val") or test loader: chunks of participating clients, then the global clients."""
     module = getattr(datamodule.trainer, "lightning_module", None)
     rows = getattr(module, "eval_batch_size", 4096)
     return _loader(EvaluationSampler(datamodule, rows_per_item=rows, stage=stage))
 
 
-def _federated_strategy(datamodule: FederatedDataModule) -> Any:
+def _federated_strategy(datamodule: ServedData) -> Any:
     """The trainer's strategy, which must carry a round schedule (a FederatedStrategy)."""
     strategy = getattr(datamodule.trainer, "strategy", None)
     if not callable(getattr(strategy, "round_schedule", None)):

@@ -57,9 +57,7 @@ def check_stage_part(stage: Any, part: Any) -> None:
         raise ValueError(f"part must be 'local', 'global_adapt' or 'global_score', got {part!r}")
 
 
-def client_slice(
-    x: Tensor, y: Tensor, offsets: Tensor, index: int, name: str, count: int
-) -> Split:
+def client_slice(x: Tensor, y: Tensor, offsets: Tensor, index: int, name: str, count: int) -> Split:
     """Client ``index``'s rows of a concatenated split (views); IndexError naming ``name``."""
     if not is_int(index) or not 0 <= index < count:
         raise IndexError(f"{name} must be an integer in [0, {count}), got {index!r}")

@@ -26,12 +26,12 @@ from lightning_fedcluster.datamodules import (
     build_scenario,
     partition,
 )
-from lightning_fedcluster.datamodules import vision as vision_module
-from lightning_fedcluster.datamodules.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets import vision as vision_module
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets.fedem_synthetic import generate_mixture
+from lightning_fedcluster.datamodules.datasets.fedsoft_synthetic import generate_fedsoft_data
 from lightning_fedcluster.datamodules.evaluation_splits import adapt_count, val_count
-from lightning_fedcluster.datamodules.fedsoft_synthetic import generate_fedsoft_data
-from lightning_fedcluster.datamodules.synthetic import generate_mixture
-from tests.datamodules.test_tabular import write_drift_csv
+from tests.datamodules.datasets.test_tabular import write_drift_csv
 
 STAGES = ("val", "test")
 GLOBAL_PARTS = ("global_adapt", "global_score")

@@ -9,8 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
+from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
 from lightning_fedcluster.engine.work_items import EvaluationChunk, empty_clients
 from lightning_fedcluster.inference import mixture_prior
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
+from lightning_fedcluster.datamodules import FedSoftSynthetic
 from lightning_fedcluster.models import LinearRegressor
 from tests.conftest import make_trainer
 

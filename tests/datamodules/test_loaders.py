@@ -1,0 +1,62 @@
+"""The round and evaluation loaders: samplers that deal work items (not data) across processes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_fedcluster.algorithms.schedule import RoundSchedule
+from lightning_fedcluster.datamodules import FederatedDataModule
+from lightning_fedcluster.datamodules.loaders import NO_CLIENT, EvaluationSampler, RoundSampler
+
+
+def pair(n: int, label: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.rand(n, 3), torch.full((n,), label, dtype=torch.long)
+
+
+@pytest.fixture(scope="module")
+def datamodule() -> FederatedDataModule:
+    """Five clients with 4, 0, 6, 2 and 10 held-out rows (test rows 2, 0, 3, 1, 5), two global."""
+    train = [pair(3, i % 2) for i in range(5)]
+    held = [pair(n, 1) for n in (4, 0, 6, 2, 10)]
+    return FederatedDataModule(train, held, [pair(4), pair(4, 1)])
+
+
+def test_evaluation_items_chunk_clients_by_rows_then_one_per_global_client(datamodule) -> None:
+    assert datamodule.test_sizes.tolist() == [2, 0, 3, 1, 5]
+    sampler = EvaluationSampler(datamodule, num_replicas=1, rank=0, rows_per_item=4, stage="test")
+    items = list(sampler)
+    # Clients with rows, cut once an item holds >= 4 rows: [0, 2] (5 rows), [3, 4] (6 rows).
+    assert [item.clients.tolist() for item in items] == [[0, 2], [3, 4], [], []]
+    assert [item.global_index for item in items] == [NO_CLIENT, NO_CLIENT, 0, 1]
+    assert len(sampler) == 4 and not any(item.is_padding for item in items)
+
+
+def test_evaluation_items_are_dealt_across_processes_and_padded(datamodule) -> None:
+    shares = [list(EvaluationSampler(datamodule, 3, rank, rows_per_item=4, stage="val")) for rank in range(3)]
+    assert [len(share) for share in shares] == [2, 2, 2]  # 4 items over 3 processes, padded to 2 each
+    real = [
+        (item.clients.tolist(), item.global_index)
+        for share in shares
+        for item in share
+        if not item.is_padding
+    ]
+    assert sorted(real, key=str) == sorted(
+        [([0, 2], NO_CLIENT), ([3, 4], NO_CLIENT), ([], 0), ([], 1)], key=str
+    )
+    assert sum(item.is_padding for share in shares for item in share) == 2
+
+
+def test_round_items_cover_every_local_step_once_on_any_process_count() -> None:
+    schedule = RoundSchedule(num_clients=4, clients_per_round=4, steps_per_client=torch.tensor([2, 1, 3, 1]))
+    for world in (1, 2, 3):
+        shares = [list(RoundSampler(schedule, lambda: 5, num_replicas=world, rank=r)) for r in range(world)]
+        assert len({len(share) for share in shares}) == 1  # every process runs as many items
+        steps = sorted((s.client, s.step) for share in shares for s in share if not s.is_padding)
+        assert steps == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0)]
+        assert all(s.round == 5 for share in shares for s in share)  # the round comes from round_source
+
+
+def test_training_without_a_federated_strategy_is_refused(datamodule) -> None:
+    with pytest.raises(TypeError, match="trains under a federated strategy"):
+        datamodule.train_dataloader()
