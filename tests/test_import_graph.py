@@ -21,7 +21,7 @@ from pathlib import Path
 
 PACKAGE = "lightning_fedcluster"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-CYCLE_FREE = "lightning_fedcluster.datamodules"
+CYCLE_FREE = "lightning_fedcluster"
 
 
 def module_files(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
