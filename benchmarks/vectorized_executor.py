@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from _common import CLOCK_HELP, clock, command_line, machine_line, quiet, set_clock, set_threads
 from torch import Tensor, nn
 
-from lightning_fedcluster.algorithms.vectorized import (
+from lightning_fedcluster.engine.vectorized import (
     SGDConfig,
     batched_e_step,
     cluster_losses,

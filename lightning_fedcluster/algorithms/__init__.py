@@ -1,4 +1,4 @@
-"""Pure tensor math of the algorithms: E-steps, weights, aggregation, client state, schedule.
+"""Pure tensor math of the algorithms: E-steps, weights, aggregation, client state, server actions.
 
 One module per algorithm's rules: :mod:`.fedrc` (FedRC, FedEM), :mod:`.dfedem`, :mod:`.fedsoft`,
 :mod:`.ifca`, :mod:`.fesem` (FeSEM, WeCFL), :mod:`.cfl`, :mod:`.fedprox` (FedProx, FedAvg); the
@@ -15,7 +15,6 @@ from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.fedsoft import FedSoft
 from lightning_fedcluster.algorithms.fesem import FeSEM, initial_assignment
 from lightning_fedcluster.algorithms.ifca import IFCA
-from lightning_fedcluster.algorithms.schedule import RoundSchedule
 
 __all__ = [
     "CFL",
@@ -29,6 +28,5 @@ __all__ = [
     "FedRC",
     "FedSoft",
     "HardAssignment",
-    "RoundSchedule",
     "initial_assignment",
 ]

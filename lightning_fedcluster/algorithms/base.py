@@ -30,7 +30,7 @@ from lightning_fedcluster.algorithms.mixture import (
     responsibilities,
     soft_e_step_rows,
 )
-from lightning_fedcluster.algorithms.schedule import derive_seed
+from lightning_fedcluster.algorithms.seeds import derive_seed
 
 
 @dataclass(frozen=True)

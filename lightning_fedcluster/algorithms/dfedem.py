@@ -14,8 +14,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import Algorithm, ClientContext, LocalPlan
-from lightning_fedcluster.algorithms.schedule import derive_seed
-from lightning_fedcluster.algorithms.seeds import DFEDEM_GRAPH
+from lightning_fedcluster.algorithms.seeds import DFEDEM_GRAPH, derive_seed
 
 
 def random_connected_graph(num_clients: int, edge_probability: float, seed: int) -> Tensor:

@@ -24,8 +24,7 @@ from lightning_fedcluster.algorithms.base import (
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import label_sums
-from lightning_fedcluster.algorithms.schedule import derive_seed
-from lightning_fedcluster.algorithms.seeds import FEDSOFT_SELECTION
+from lightning_fedcluster.algorithms.seeds import FEDSOFT_SELECTION, derive_seed
 
 IMPORTANCE_FLOOR = 1e-4  # σ, the paper's counter smoother
 

@@ -32,8 +32,7 @@ from lightning_fedcluster.algorithms.base import (
     with_omega,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.schedule import derive_seed
-from lightning_fedcluster.algorithms.seeds import FESEM_CENTRES, FESEM_INITIAL_ASSIGNMENT
+from lightning_fedcluster.algorithms.seeds import FESEM_CENTRES, FESEM_INITIAL_ASSIGNMENT, derive_seed
 
 
 def initial_assignment(seed: int, client: int, active: Tensor) -> int:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import SplitCluster
-from lightning_fedcluster.algorithms.schedule import derive_seed
+from lightning_fedcluster.algorithms.seeds import derive_seed
 
 RESEED_SPLIT = 0x5E1D  # seed salt of the random half
 SPLIT_SHARE = 0.9  # the share of ω on the largest cluster that the chosen half moves

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lightning_fedcluster.algorithms.schedule import RoundSchedule
+from lightning_fedcluster.engine.schedule import RoundSchedule
 from lightning_fedcluster.engine.work_items import (
     NO_CLIENT,
     ClientChunk,

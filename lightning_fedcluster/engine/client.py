@@ -28,8 +28,7 @@ from lightning_fedcluster.algorithms.base import (
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
-from lightning_fedcluster.algorithms.schedule import derive_seed
-from lightning_fedcluster.algorithms.seeds import CLIENT_RNG, MINIBATCH_ORDER
+from lightning_fedcluster.algorithms.seeds import CLIENT_RNG, MINIBATCH_ORDER, derive_seed
 
 
 @dataclass

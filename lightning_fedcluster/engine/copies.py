@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_fedcluster.algorithms.schedule import derive_seed
-from lightning_fedcluster.algorithms.seeds import CLUSTER_INIT
+from lightning_fedcluster.algorithms.seeds import CLUSTER_INIT, derive_seed
 from lightning_fedcluster.engine.schedulers import RoundScheduler, parse_optimizer_config
 
 

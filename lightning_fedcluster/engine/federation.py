@@ -22,11 +22,11 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import ServerAction
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.schedule import RoundSchedule
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import Reduce, RoundState
+from lightning_fedcluster.engine.schedule import RoundSchedule
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
 from lightning_fedcluster.engine.setup_checks import check_loss_growth

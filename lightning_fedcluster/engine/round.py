@@ -16,9 +16,9 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_weighted_update
 from lightning_fedcluster.algorithms.base import Algorithm, ClientReport
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.round_buffer import RoundBuffer
 from lightning_fedcluster.engine.client import ClientWork
 from lightning_fedcluster.engine.copies import Snapshot
+from lightning_fedcluster.engine.round_buffer import RoundBuffer
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
 
 Reduce = Callable[[Tensor], Tensor]

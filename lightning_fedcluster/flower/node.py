@@ -23,7 +23,6 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
-from lightning_fedcluster.algorithms.schedule import local_steps_per_client
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.evaluation import score
@@ -40,6 +39,7 @@ from lightning_fedcluster.engine.losses import evaluate_models, pass_rows
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.schedule import local_steps_per_client
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.plan import clustered_module, flower_optimizer, set_round_hyperparameters
 

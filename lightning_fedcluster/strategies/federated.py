@@ -23,13 +23,13 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_fedcluster.algorithms.base import Algorithm
-from lightning_fedcluster.algorithms.schedule import RoundSchedule, local_steps_per_client
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.engine.executors.select import EXECUTORS
 from lightning_fedcluster.engine.optimizer_state import OPTIMIZER_STATES
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 

@@ -20,7 +20,7 @@ from lightning_fedcluster.algorithms.fedsoft import (
     select_clients,
     selection_probabilities,
 )
-from lightning_fedcluster.algorithms.round_buffer import RoundBuffer
+from lightning_fedcluster.engine.round_buffer import RoundBuffer
 
 F64 = torch.float64
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_fedcluster.algorithms.schedule import RoundSchedule
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.datamodules.loaders import NO_CLIENT, EvaluationSampler, RoundSampler
+from lightning_fedcluster.engine.schedule import RoundSchedule
 
 
 def pair(n: int, label: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.algorithms.schedule import RoundSchedule
 from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
+from lightning_fedcluster.engine.schedule import RoundSchedule
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from tests.conftest import make_trainer
 

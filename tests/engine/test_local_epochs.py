@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.algorithms.schedule import epoch_batch, local_steps_per_client
-from lightning_fedcluster.algorithms.vectorized import epoch_engine_batches
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.client import minibatch_order
+from lightning_fedcluster.engine.schedule import epoch_batch, local_steps_per_client
+from lightning_fedcluster.engine.vectorized import epoch_engine_batches
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 

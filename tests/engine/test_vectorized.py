@@ -15,7 +15,7 @@ from lightning_fedcluster.algorithms.mixture import (
     mixture_from_responsibilities,
     responsibilities,
 )
-from lightning_fedcluster.algorithms.vectorized import (
+from lightning_fedcluster.engine.vectorized import (
     SGDConfig,
     batched_e_step,
     cluster_losses,

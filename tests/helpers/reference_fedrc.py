@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_fedcluster.algorithms.mixture import label_statistics
-from lightning_fedcluster.algorithms.schedule import RoundSchedule, derive_seed
+from lightning_fedcluster.engine.schedule import RoundSchedule, derive_seed
 
 
 def reference_fedrc(datamodule, initial_models, *, rounds, clients_per_round, local_steps, lr, seed,

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm, ClientContext, ClientReport, LocalPlan
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.schedule import derive_seed, epoch_batch
 from lightning_fedcluster.algorithms.seeds import FINETUNE_ORDER
 from lightning_fedcluster.engine import vectors
 from lightning_fedcluster.engine.client import (
@@ -36,6 +35,7 @@ from lightning_fedcluster.engine.losses import evaluate_models, per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import StateLayout, load_state, read_state
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.schedule import derive_seed, epoch_batch
 from lightning_fedcluster.engine.work_items import ClientStep
 
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_fedcluster.algorithms.vectorized import (
+from lightning_fedcluster.engine.copies import local_optimizer
+from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.engine.losses import functional_loss
+from lightning_fedcluster.engine.outputs import logits_selector
+from lightning_fedcluster.engine.vectorized import (
     SGDConfig,
     engine_batches,
     expand_clients,
@@ -16,10 +20,6 @@ from lightning_fedcluster.algorithms.vectorized import (
     local_sgd,
     stack_models,
 )
-from lightning_fedcluster.engine.copies import local_optimizer
-from lightning_fedcluster.engine.host import TrainingHost
-from lightning_fedcluster.engine.losses import functional_loss
-from lightning_fedcluster.engine.outputs import logits_selector
 
 EXECUTORS = ("auto", "loop", "vectorized")
 DEFAULT_CLIENTS_PER_CHUNK = 64

@@ -10,17 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.schedule import batches_per_epoch
-from lightning_fedcluster.algorithms.vectorized import (
-    SGDConfig,
-    cluster_losses,
-    engine_batches,
-    epoch_engine_batches,
-    expand_clients,
-    functional_template,
-    local_sgd,
-    stack_models,
-)
 from lightning_fedcluster.engine.client import (
     ClientWork,
     contribution_matrix,
@@ -34,6 +23,17 @@ from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import functional_loss, model_outputs
 from lightning_fedcluster.engine.optimizer_state import momentum_offsets
 from lightning_fedcluster.engine.outputs import logits_selector
+from lightning_fedcluster.engine.schedule import batches_per_epoch
+from lightning_fedcluster.engine.vectorized import (
+    SGDConfig,
+    cluster_losses,
+    engine_batches,
+    epoch_engine_batches,
+    expand_clients,
+    functional_template,
+    local_sgd,
+    stack_models,
+)
 from lightning_fedcluster.engine.work_items import ClientChunk
 
 

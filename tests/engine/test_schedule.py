@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.algorithms.schedule import RoundSchedule, derive_seed, local_steps_per_client
+from lightning_fedcluster.engine.schedule import RoundSchedule, derive_seed, local_steps_per_client
 from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares
 
 

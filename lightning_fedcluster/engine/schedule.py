@@ -8,18 +8,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.seeds import CLIENT_SAMPLING
+from lightning_fedcluster.algorithms.seeds import CLIENT_SAMPLING, derive_seed
 from lightning_fedcluster.arguments import check_positive_int
-
-
-def derive_seed(*parts: int) -> int:
-    """A well-mixed 63-bit seed from integers (seed, round, client, ...)."""
-    state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)
-    return int(state[0] >> np.uint64(1))
 
 
 @dataclass(frozen=True)
