@@ -30,6 +30,7 @@ from lightning_fedcluster.engine.optimizer_state import OPTIMIZER_STATES
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
+from lightning_fedcluster.strategies.launchers import keep_environment
 
 if TYPE_CHECKING:
     from lightning_fedcluster.algorithms.client_state import ClientState
@@ -287,6 +288,10 @@ class FederatedStrategy(DDPStrategy):
         clustered.trainer = trainer
         self._wrapped = (model, clustered)
         return clustered
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        self._launcher = keep_environment(self._launcher)  # leaves os.environ as found (launchers.py)
 
     def setup_distributed(self) -> None:
         """Lightning's process-group setup, plus its orderly teardown at interpreter exit; no
