@@ -249,3 +249,65 @@ def test_variables_of_this_launch_or_of_another_launcher_are_kept(monkeypatch, m
     monkeypatch.setenv(MARKER, marker)
     remove_stale_variables()
     assert os.environ["LOCAL_RANK"] == "1" and os.environ["MASTER_PORT"] == "41883"
+
+
+STEP_PROBE = """
+import os
+import sys
+import warnings
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+
+warnings.filterwarnings("ignore")
+RUNS = {  # 5 of 6 clients and local_epochs over unequal clients: the processes' shares are unequal
+    "loop": dict(executor="loop", local_steps=2, clients_per_round=5),
+    "loop_epochs": dict(executor="loop", local_epochs=1),
+    "vectorized_epochs": dict(executor="vectorized", local_epochs=1, clients_per_chunk=2),
+}
+devices, out = int(sys.argv[1]), sys.argv[2]
+for name, options in RUNS.items():
+    saver = ModelCheckpoint(dirpath=f"{out}/{name}", save_top_k=-1)
+    trainer = pl.Trainer(strategy=lf.FedRCStrategy(2, **options), accelerator="cpu", devices=devices,
+                         max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=[saver])
+    dm = DigitsFederated(num_clients=6, concepts=2, dirichlet_alpha=1.0, seed=0, batch_size=64)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    batches = sum(-(-int(n) // 64) for n in dm.train_sizes)
+    files = sorted(os.listdir(f"{out}/{name}"))
+    os.write(1, f"{name} rank {trainer.global_rank}: {trainer.global_step} {batches} {files}\\n".encode())
+"""
+
+
+def test_global_step_and_checkpoint_names_are_the_same_on_one_and_two_processes(tmp_path):
+    """global_step counts the client-steps run on all processes: a process's share of a round
+    (fewer clients, padding items, clients with more local steps) no longer changes it (2
+    processes named a round's checkpoint step=750 where 1 process wrote step=1500)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    script = tmp_path / "steps.py"
+    script.write_text(STEP_PROBE)
+    lines = {}
+    for devices in (1, 2):
+        done = subprocess.run(
+            [sys.executable, str(script), str(devices), str(tmp_path / str(devices))],
+            cwd=tmp_path,
+            env={**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines[devices] = sorted(line for line in done.stdout.splitlines() if " rank " in line)
+    one = {line.split(" rank ")[0]: line.split(": ", 1)[1] for line in lines[1]}
+    assert len(lines[2]) == 2 * len(one) == 6
+    for line in lines[2]:  # both ranks: the same step count and checkpoint names as one process
+        name, result = line.split(" rank ")[0], line.split(": ", 1)[1]
+        assert result == one[name], (name, result, one[name])
+    steps, batches, _ = one["loop"].split(" ", 2)
+    assert int(steps) == 2 * 5 * 2  # rounds x clients x local_steps
+    for name in ("loop_epochs", "vectorized_epochs"):  # a pass over each client's data per round
+        steps, batches, files = one[name].split(" ", 2)
+        assert int(steps) == 2 * int(batches)
+        assert files == str([f"epoch=0-step={batches}.ckpt", f"epoch=1-step={steps}.ckpt"])
