@@ -51,6 +51,7 @@ from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
 from lightning_fedcluster.engine.setup_checks import check_output_shape, check_training_setup
+from lightning_fedcluster.engine.step_count import count_steps
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
 from lightning_fedcluster.export import ClusterExport
 from lightning_fedcluster.prediction import PredictionHooks
@@ -337,9 +338,10 @@ class ClusteredModule(
             for _ in range(batch.step_count):  # the chunk's client-steps count in global_step
                 optimizer.step()
         elif batch.is_padding:
-            optimizer.step()  # every process counts the same steps
+            count_steps(optimizer, batch.step_count)  # every process counts the same steps
         else:
             self._loop.run_item(self, batch)
+            count_steps(optimizer, batch.step_count - 1)  # the other processes' steps at this position
         if batch_idx + 1 == self.trainer.num_training_batches:
             assert self.driver is not None and self.round is not None
             with self.timed("aggregation"):

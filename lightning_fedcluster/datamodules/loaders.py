@@ -97,26 +97,30 @@ class RoundSampler(DistributedSampler):
         if self.schedule.chunk_size is not None:
             yield from self._chunk_items(round_index)
             return
-        mine = self.schedule.assignment(round_index, self.num_replicas)[self.rank]
+        assignment = self.schedule.assignment(round_index, self.num_replicas)
+        steps_per_client = self.schedule.steps_per_client
+        # Items at position p hold one client-step on each process with more than p real steps.
+        totals = [sum(int(steps_per_client[client]) for _, client in share) for share in assignment]
         count = 0
-        for slot, client in mine:
-            steps = int(self.schedule.steps_per_client[client])
+        for slot, client in assignment[self.rank]:
+            steps = int(steps_per_client[client])
             for step in range(steps):
+                yield ClientStep(round_index, client, slot, step, steps, _ranks_beyond(totals, count))
                 count += 1
-                yield ClientStep(round_index, client, slot, step, steps)
-        for _ in range(len(self) - count):
-            yield ClientStep(round_index, NO_CLIENT, -1, 0, 0)
+        for position in range(count, len(self)):
+            yield ClientStep(round_index, NO_CLIENT, -1, 0, 0, _ranks_beyond(totals, position))
 
     def _chunk_items(self, round_index: int) -> Iterator[ClientChunk]:
         """One item per chunk of clients, padded with empty chunks. An item's ``step_count`` is
-        the largest step total of the chunks at its position on any process, so that every
-        process's ``global_step`` advances alike (1 process: the chunk's client-steps)."""
+        the step total of the chunks at its position on all processes, so that every process's
+        ``global_step`` advances alike and counts the client-steps run so far on any number of
+        processes (1 process: the chunk's client-steps)."""
         assignment = self.schedule.chunk_assignment(round_index, self.num_replicas)
         steps = self.schedule.steps_per_client
         counts = [0] * len(self)
         for chunks in assignment:
             for position, chunk in enumerate(chunks):
-                counts[position] = max(counts[position], int(sum(int(steps[c]) for _, c in chunk)))
+                counts[position] += int(sum(int(steps[c]) for _, c in chunk))
         mine = assignment[self.rank]
         for position in range(len(self)):
             if position < len(mine):
@@ -126,7 +130,12 @@ class RoundSampler(DistributedSampler):
                 slots = torch.tensor([slot for slot, _ in chunk])
             else:
                 clients = slots = empty_clients()
-            yield ClientChunk(round_index, clients, slots, max(counts[position], 1))
+            yield ClientChunk(round_index, clients, slots, counts[position])
+
+
+def _ranks_beyond(totals: list[int], position: int) -> int:
+    """How many processes run a real client-step at item ``position`` (``totals``: each one's steps)."""
+    return sum(total > position for total in totals)
 
 
 class EvaluationSampler(DistributedSampler):

@@ -14,13 +14,17 @@ NO_CLIENT = -1
 @dataclass
 class ClientStep:
     """Local step ``step`` of ``num_steps`` of ``client`` (round slot ``slot``): the loop executor.
-    ``client == NO_CLIENT`` pads a process's share so that every process runs as many items."""
+    ``client == NO_CLIENT`` pads a process's share so that every process runs as many items.
+    ``step_count``: the client-steps this item counts in Lightning's ``global_step``: those that
+    all processes run at this item's position, so that ``global_step`` is the same on every
+    process and, at round ends, on any number of processes."""
 
     round: int
     client: int
     slot: int
     step: int
     num_steps: int
+    step_count: int = 1
 
     @property
     def is_padding(self) -> bool:
@@ -30,7 +34,9 @@ class ClientStep:
 @dataclass
 class ClientChunk:
     """A chunk of clients with all their local steps (the vectorised executor). ``step_count``:
-    the client-steps this item counts in Lightning's ``global_step`` (the same on every process)."""
+    the client-steps this item counts in Lightning's ``global_step``: those of the chunks that all
+    processes run at this item's position (the same on every process, and at round ends on any
+    number of processes)."""
 
     round: int
     clients: Tensor

@@ -32,6 +32,7 @@ from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
+from lightning_fedcluster.strategies.launchers import keep_environment
 
 if TYPE_CHECKING:
     from lightning_fedcluster.algorithms.client_state import ClientState
@@ -349,6 +350,10 @@ class FederatedStrategy(DDPStrategy):
         clustered.trainer = trainer
         self._wrapped = (model, clustered)
         return clustered
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        self._launcher = keep_environment(self._launcher)  # leaves os.environ as found (launchers.py)
 
     def setup_distributed(self) -> None:
         """Lightning's process-group setup, plus its orderly teardown at interpreter exit; no

@@ -175,3 +175,139 @@ def test_one_process_creates_no_process_group_and_prints_no_ddp_banner(tmp_path)
     assert "group alive after fit: False" in done.stdout
     assert "Starting with 1 processes" not in done.stdout + done.stderr
     assert "Initializing distributed" not in done.stdout + done.stderr
+
+
+SEQUENCE_PROBE = """
+import os
+import sys
+import lightning.pytorch as pl
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+
+NAMES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def fit(devices):
+    trainer = pl.Trainer(strategy=lf.FedAvgStrategy(local_steps=1), accelerator="cpu", devices=devices,
+                         max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
+    return trainer
+
+
+before = {name: os.environ.get(name) for name in NAMES}
+fit(1)
+after = {name: os.environ.get(name) for name in NAMES}
+if before["LOCAL_RANK"] is None:  # the first process (the others inherit its launch's variables)
+    os.write(1, f"environment kept: {before == after}\\n".encode())
+trainer = fit(2)
+os.write(1, f"rank {trainer.global_rank} of {trainer.world_size} finished\\n".encode())
+"""
+
+
+def test_a_fit_leaves_the_environment_as_found_so_a_later_two_process_fit_starts(tmp_path):
+    """Lightning's launcher exports MASTER_PORT, LOCAL_RANK, ... and leaves them: a later devices=2
+    fit then took itself for an externally launched rank and waited forever for rank 1."""
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    script = tmp_path / "sequence.py"
+    script.write_text(SEQUENCE_PROBE)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,  # a regression hangs: fail instead
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "environment kept: True" in done.stdout
+    assert "rank 0 of 2 finished" in done.stdout and "rank 1 of 2 finished" in done.stdout
+
+
+def test_variables_left_by_another_processs_launch_are_removed_with_a_warning(monkeypatch):
+    """A process started (by other means than the launcher) from the first process of a running
+    multi-process fit inherits its variables: they are stale here and removed, with a warning."""
+    from lightning_fedcluster.strategies.launchers import MARKER, remove_stale_variables
+
+    stale = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "41883", "NODE_RANK": "0", "LOCAL_RANK": "0"}
+    for name, value in {**stale, MARKER: "4194305:41883"}.items():  # above any pid: another process
+        monkeypatch.setenv(name, value)
+    with pytest.warns(UserWarning, match="left by the multi-process run of process 4194305 .* removed"):
+        remove_stale_variables()
+    assert not {*stale, MARKER} & set(os.environ)
+
+
+@pytest.mark.parametrize("marker", [f"{os.getpid()}:41883", f"{os.getppid()}:41883", "4194305:29500"])
+def test_variables_of_this_launch_or_of_another_launcher_are_kept(monkeypatch, marker):
+    """This process's own launch, its parent's (a started rank), or a port another launcher set
+    since (torchrun): the variables are live and stay."""
+    from lightning_fedcluster.strategies.launchers import MARKER, remove_stale_variables
+
+    monkeypatch.setenv("MASTER_PORT", "41883")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv(MARKER, marker)
+    remove_stale_variables()
+    assert os.environ["LOCAL_RANK"] == "1" and os.environ["MASTER_PORT"] == "41883"
+
+
+STEP_PROBE = """
+import os
+import sys
+import warnings
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+
+warnings.filterwarnings("ignore")
+RUNS = {  # 5 of 6 clients and local_epochs over unequal clients: the processes' shares are unequal
+    "loop": dict(executor="loop", local_steps=2, clients_per_round=5),
+    "loop_epochs": dict(executor="loop", local_epochs=1),
+    "vectorized_epochs": dict(executor="vectorized", local_epochs=1, clients_per_chunk=2),
+}
+devices, out = int(sys.argv[1]), sys.argv[2]
+for name, options in RUNS.items():
+    saver = ModelCheckpoint(dirpath=f"{out}/{name}", save_top_k=-1)
+    trainer = pl.Trainer(strategy=lf.FedRCStrategy(2, **options), accelerator="cpu", devices=devices,
+                         max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, callbacks=[saver])
+    dm = DigitsFederated(num_clients=6, concepts=2, dirichlet_alpha=1.0, seed=0, batch_size=64)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    batches = sum(-(-int(n) // 64) for n in dm.train_sizes)
+    files = sorted(os.listdir(f"{out}/{name}"))
+    os.write(1, f"{name} rank {trainer.global_rank}: {trainer.global_step} {batches} {files}\\n".encode())
+"""
+
+
+def test_global_step_and_checkpoint_names_are_the_same_on_one_and_two_processes(tmp_path):
+    """global_step counts the client-steps run on all processes: a process's share of a round
+    (fewer clients, padding items, clients with more local steps) no longer changes it (2
+    processes named a round's checkpoint step=750 where 1 process wrote step=1500)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    script = tmp_path / "steps.py"
+    script.write_text(STEP_PROBE)
+    lines = {}
+    for devices in (1, 2):
+        done = subprocess.run(
+            [sys.executable, str(script), str(devices), str(tmp_path / str(devices))],
+            cwd=tmp_path,
+            env={**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines[devices] = sorted(line for line in done.stdout.splitlines() if " rank " in line)
+    one = {line.split(" rank ")[0]: line.split(": ", 1)[1] for line in lines[1]}
+    assert len(lines[2]) == 2 * len(one) == 6
+    for line in lines[2]:  # both ranks: the same step count and checkpoint names as one process
+        name, result = line.split(" rank ")[0], line.split(": ", 1)[1]
+        assert result == one[name], (name, result, one[name])
+    steps, batches, _ = one["loop"].split(" ", 2)
+    assert int(steps) == 2 * 5 * 2  # rounds x clients x local_steps
+    for name in ("loop_epochs", "vectorized_epochs"):  # a pass over each client's data per round
+        steps, batches, files = one[name].split(" ", 2)
+        assert int(steps) == 2 * int(batches)
+        assert files == str([f"epoch=0-step={batches}.ckpt", f"epoch=1-step={steps}.ckpt"])

@@ -181,3 +181,16 @@ def test_a_validation_checkpoint_resumes_exactly_and_a_step_one_at_a_round_end_i
         make_trainer(_strategy("loop"), max_epochs=3).fit(
             MLPClassifier(), datamodule=_datamodule(), ckpt_path=at_round_end
         )
+
+
+@pytest.mark.parametrize("executor", ["loop", "vectorized"])
+def test_global_step_counts_the_client_steps_of_unequal_clients_on_both_executors(executor):
+    """With local_epochs, clients of different sizes run different step counts: global_step is
+    their sum (the loop executor counted every client at the largest one's steps)."""
+    dm = _datamodule()
+    strategy = lf.FedRCStrategy(2, local_epochs=1, executor=executor, clients_per_chunk=3)
+    trainer = make_trainer(strategy, max_epochs=2)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    batches = [-(-int(n) // dm.batch_size) for n in dm.train_sizes]
+    assert len(set(batches)) > 1, batches  # the case: unequal step counts
+    assert trainer.global_step == 2 * sum(batches)

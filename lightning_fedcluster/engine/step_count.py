@@ -1,0 +1,17 @@
+"""Lightning's ``global_step`` as the engine counts it: client-steps run so far, summed over
+all processes, so that step counts, ``max_steps`` and step-named checkpoints mean the same on 1
+and N processes and on both executors. A work item carries how many client-steps it counts
+(``step_count``: those all processes run at its position); a step without an update here (a
+padding item, the other processes' steps) is counted through Lightning's public path: a step of
+the optimizer with no gradients, which torch's optimizers skip (no parameter, momentum or
+weight-decay change) and Lightning counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def count_steps(optimizer: Any, steps: int) -> None:
+    """Advance ``global_step`` by ``steps`` client-steps that ran no update on this process."""
+    for _ in range(max(steps, 0)):
+        optimizer.step()

@@ -1,0 +1,109 @@
+"""Lightning's process launchers, leaving ``os.environ`` as they found it.
+
+Lightning's launchers export the rendezvous variables (``MASTER_ADDR``, ``MASTER_PORT``,
+``NODE_RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``) into the launching process and never remove them.
+A later ``devices=2`` run in that process, or in any process it starts (a sweep driver, a
+notebook running a script), then sees ``LOCAL_RANK`` and takes itself for a process started by an
+external launcher: it starts no other process and waits for them forever.
+
+So: a launch that started no other process (one process, or spawned/forked workers that have
+ended) restores the variables afterwards. The first process of a multi-process script launch keeps
+them: the processes it started run the same script, and Lightning's later trainer calls in that
+script (``trainer.test`` after ``trainer.fit``) rely on them. It marks them as its own
+(``FEDCLUSTER_LAUNCH`` = pid:port, inherited by the processes it starts), so that a process it
+starts in any other way recognises them as stale, says so, and removes them before launching.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
+from lightning.pytorch.strategies.launchers.launcher import _Launcher
+from lightning.pytorch.utilities import rank_zero_warn
+
+LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+MARKER = "FEDCLUSTER_LAUNCH"
+
+
+@contextlib.contextmanager
+def restored_environment(names: tuple[str, ...]) -> Iterator[None]:
+    """Set the variables ``names`` back to their values (or absence) on entry, on exit."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def remove_stale_variables() -> None:
+    """Remove the rendezvous variables a multi-process launch of another process left behind
+    (this process is neither that launch's first process nor one it started), with a warning."""
+    marker = os.environ.get(MARKER)
+    if marker is None or "LOCAL_RANK" not in os.environ:
+        return
+    pid, _, port = marker.partition(":")
+    if pid in (str(os.getpid()), str(os.getppid())) or os.environ.get("MASTER_PORT") != port:
+        return  # this launch's own processes, or variables that another launcher set since
+    stale = {name: os.environ.pop(name) for name in LAUNCH_VARIABLES if name in os.environ}
+    os.environ.pop(MARKER)
+    rank_zero_warn(
+        f"the environment held {stale}, left by the multi-process run of process {pid} that started this "
+        "one; they were removed so that this run starts its own processes (else it would wait forever for "
+        "processes that never come). To launch the processes yourself (torchrun, SLURM), start them from "
+        "a clean environment"
+    )
+
+
+class _KeepEnvironment:
+    """A launcher mixin: ``launch`` leaves the rendezvous variables as it found them (see above)."""
+
+    def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        remove_stale_variables()
+        if self._starts_script_processes():
+            os.environ[MARKER] = f"{os.getpid()}:{self.cluster_environment.main_port}"  # type: ignore[attr-defined]
+            return super().launch(function, *args, trainer=trainer, **kwargs)  # type: ignore[misc]
+        with restored_environment((*LAUNCH_VARIABLES, MARKER)):
+            if self._single_process() and MARKER in os.environ:
+                # A one-process run inside a multi-process script (each process runs it alone, as
+                # Lightning's script launch runs every line in every process): not one of the ranks.
+                for name in (*LAUNCH_VARIABLES, MARKER):
+                    os.environ.pop(name, None)
+            return super().launch(function, *args, trainer=trainer, **kwargs)  # type: ignore[misc]
+
+    def _starts_script_processes(self) -> bool:
+        """Whether this launch starts other processes that run the same script (and outlive it)."""
+        return False
+
+    def _single_process(self) -> bool:
+        return False
+
+
+class ScriptLauncher(_KeepEnvironment, _SubprocessScriptLauncher):
+    def _starts_script_processes(self) -> bool:
+        return self.num_processes > 1 and not self.cluster_environment.creates_processes_externally
+
+    def _single_process(self) -> bool:
+        return self.num_processes * self.num_nodes == 1
+
+
+class MultiProcessingLauncher(_KeepEnvironment, _MultiProcessingLauncher):
+    pass
+
+
+def keep_environment(launcher: _Launcher | None) -> _Launcher | None:
+    """The same launcher (its state copied), leaving ``os.environ`` as it found it."""
+    kinds = ((_SubprocessScriptLauncher, ScriptLauncher), (_MultiProcessingLauncher, MultiProcessingLauncher))
+    for base, kept in kinds:
+        if type(launcher) is base:
+            copy = object.__new__(kept)
+            copy.__dict__.update(launcher.__dict__)
+            return copy
+    return launcher
