@@ -50,7 +50,7 @@ def test_every_python_block_is_seen_and_every_skip_says_why():
             # An indented block would run with its list's indentation stripped: keep them flush.
             assert block.indent == "", f"{name(page)}:{block.line}: a python block inside a list"
         for lineno, line in enumerate(text.split("\n"), 1):
-            if "<!-- skip" in line:
+            if line.strip().startswith("<!-- skip"):
                 following = [b for b in found if b.line == lineno + 2]
                 where = f"{name(page)}:{lineno}"
                 assert following and following[0].skip, f"{where}: a skip marker without a reason or block"
