@@ -84,10 +84,11 @@ class FederatedStrategy(DDPStrategy):
             per state tensor).
         logits_from: where the logits are in a forward that returns a dict or tuple (a key, an
             index, or a callable output -> logits) when the strategy wraps a plain LightningModule.
-        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
-        process_group_backend, timeout, start_method: Lightning's DDPStrategy arguments for the
-            processes. DDP's model-wrapper arguments (``ddp_comm_hook``, ``find_unused_parameters``,
-            ...) do not apply: no DistributedDataParallel is built.
+        process arguments: ``accelerator``, ``parallel_devices``, ``cluster_environment``,
+            ``checkpoint_io``, ``precision_plugin``, ``process_group_backend``, ``timeout``,
+            ``start_method``: Lightning's DDPStrategy arguments for the processes. DDP's
+            model-wrapper arguments (``ddp_comm_hook``, ``find_unused_parameters``, ...) do not
+            apply: no DistributedDataParallel is built.
 
     Any other keyword is a TypeError listing the valid ones (a typo such as ``num_cluster=5`` must
     not train with the default).

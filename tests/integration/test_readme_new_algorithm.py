@@ -1,5 +1,5 @@
-"""The README's "Adding an algorithm" example runs as written, on both the loop and the
-evaluation paths, with its server action carried out by the engine."""
+"""The docs' "Adding an algorithm" example (docs/how-to/new-algorithm.md) runs as written, on both
+the loop and the evaluation paths, with its server action carried out by the engine."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "new-algorithm.md"
 
 
 def _example() -> dict:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
     (code,) = [b for b in blocks if "class PrunedIFCAStrategy" in b]
     namespace: dict = {}
-    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README's own example
+    exec(compile(code, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own example
     return namespace
 
 

@@ -166,8 +166,9 @@ class FashionMNISTFederated(FederatedDataModule):
     Args:
         root: folder holding (or receiving) `FashionMNIST/raw/*-ubyte`.
         download: let torchvision download the files if missing (needs internet).
-        num_clients, concepts, dirichlet_alpha, corrupt_fraction, concept_proportions,
-            test_fraction, min_client_size, seed: as in `FederatedDataModule.from_tensors`.
+        scenario arguments: ``num_clients``, ``concepts``, ``dirichlet_alpha``,
+            ``corrupt_fraction``, ``concept_proportions``, ``test_fraction``, ``min_client_size``,
+            ``seed``: as in `FederatedDataModule.from_tensors`.
         samples_per_client: use a class-stratified random subset of num_clients * this many
             training images (default None: the whole training set, ~200 per client at 300).
         global_test_size: use this many test images (stratified) per global client (None: all).
