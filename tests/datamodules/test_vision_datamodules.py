@@ -16,12 +16,13 @@ from lightning_fedcluster.datamodules.vision import (
     FashionMNISTFederated,
     load_vision_tensors,
 )
+from tests.conftest import NEEDS_VISION
 from tests.helpers.vision_files import accept_small_cifar, write_cifar10, write_cifar100, write_fashion_mnist
 
 
 @pytest.fixture(scope="module")
 def tv():
-    return pytest.importorskip("torchvision")
+    return pytest.importorskip("torchvision", reason=NEEDS_VISION)
 
 
 @pytest.fixture(scope="module")
