@@ -21,6 +21,10 @@ for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
     logging.getLogger(name).setLevel(logging.ERROR)
 
 
+NEEDS_VISION = 'needs the vision extra: pip install -e ".[vision]" (or ".[all]")'
+"""The skip reason of every test that needs torchvision."""
+
+
 def make_trainer(strategy, max_epochs: int, **overrides) -> pl.Trainer:
     """A CPU, one-process trainer with no progress bar; logging and checkpoints off unless asked."""
     options = dict(

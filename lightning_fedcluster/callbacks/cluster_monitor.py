@@ -4,13 +4,16 @@ images (TensorBoard), figures of how the clusters relate to the true concepts.
 The ClusteredModule adds it automatically (configure_callbacks). Scalars go to every logger. The
 figures (drawn by `lightning_fedcluster.figures`) are: the clients × clusters ω matrix, the
 concept × cluster shares, C_{y,k} (FedRC), and the validation accuracy per concept over rounds.
-They are drawn at every validation round and at the end of training (rendering a figure costs
-far more than a round of the small models), or every ``images_every`` rounds when given.
+They are drawn at validation rounds only (``check_val_every_n_epoch``; rendering a figure costs
+far more than a round of the small models), plus every ``images_every`` rounds when given, and
+not at all with ``figures=False`` (``fedcluster fit --figures=false``). ``draw`` gives the run's
+current figures, e.g. to save them for a paper with `lightning_fedcluster.figures.save_figure`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -29,16 +32,19 @@ class ClusterMonitor(pl.Callback):
 
     Args:
         images_every: also draw the cluster figures every this many rounds (None: only at
-            validation rounds and at the end of training).
+            validation rounds).
+        figures: draw figures at all (False: scalars only, e.g. for fast sweeps).
     """
 
-    def __init__(self, images_every: int | None = None) -> None:
+    def __init__(self, images_every: int | None = None, figures: bool = True) -> None:
         if images_every is not None and (isinstance(images_every, bool) or images_every < 1):
             raise ValueError(f"images_every must be a positive integer or None, got {images_every!r}")
+        if not isinstance(figures, bool):
+            raise ValueError(f"figures must be True or False, got {figures!r}")
         self.images_every = images_every
+        self.figures = figures
         self.history: dict[int, dict[str, float]] = {}
         """Validation metrics per round, for the accuracy-over-rounds figure (kept in checkpoints)."""
-        self._last_round: int | None = None
         self._drawn_round: int | None = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -53,7 +59,6 @@ class ClusterMonitor(pl.Callback):
             for k in range(shares.shape[1]):
                 metrics[f"clusters/concept{c}_share_in_cluster{k}"] = float(shares[c, k])
         self._log_scalars(trainer, metrics, step)
-        self._last_round = step
         if self.images_every is not None and step % self.images_every == 0:
             self._draw_clusters(trainer, pl_module, step)
 
@@ -67,11 +72,26 @@ class ClusterMonitor(pl.Callback):
             return
         self.history[step] = {name: float(v) for name, v in metrics.items() if name.startswith("val/")}
         self._draw_clusters(trainer, pl_module, step)
-        log_figure(trainer, "val/per_concept", self._accuracy_figure, step)
+        if self.figures:
+            log_figure(trainer, "val/per_concept", self._accuracy_figure, step)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._last_round is not None and self._drawn_round != self._last_round:
-            self._draw_clusters(trainer, pl_module, self._last_round)
+    def draw(
+        self,
+        trainer: pl.Trainer,
+        size: tuple[float, float] | None = None,
+        titles: bool = True,
+    ) -> dict[str, Figure]:
+        """The run's current figures by TensorBoard tag (ω, concept shares, C_{y,k} for FedRC, and
+        the accuracy over the validation rounds so far), drawn at ``size`` inches and with or
+        without ``titles`` (`lightning_fedcluster.figures`); e.g. after ``trainer.fit``::
+
+            for tag, fig in monitor.draw(trainer, size=(3.3, 1.8), titles=False).items():
+                figures.save_figure(fig, tag.replace("/", "_") + ".pdf")
+        """
+        drawers = self._cluster_drawers(trainer, trainer.lightning_module, None, size, titles)
+        drawers["val/per_concept"] = lambda: self._accuracy_figure(size, titles)
+        drawn = {tag: draw() for tag, draw in drawers.items()}
+        return {tag: fig for tag, fig in drawn.items() if fig is not None}
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": {step: dict(metrics) for step, metrics in self.history.items()}}
@@ -81,31 +101,42 @@ class ClusterMonitor(pl.Callback):
 
     def _draw_clusters(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
         """ω sorted by concept, the concept × cluster shares and, for FedRC, C_{y,k}."""
-        state = getattr(pl_module, "client_state", None)
-        if state is None or self._drawn_round == step:
+        if not self.figures or self._drawn_round == step:
             return
         self._drawn_round = step
-        concept, sizes = trainer.datamodule.metadata.concept, trainer.datamodule.train_sizes
-        log_figure(
-            trainer,
-            "clusters/omega_clients_by_concept",
-            lambda: figures.omega_figure(state.omega, concept, step, state.seen),
-            step,
-        )
-        log_figure(
-            trainer,
-            "clusters/concept_shares",
-            lambda: figures.shares_figure(concept_shares(state.omega, concept, sizes), step),
-            step,
-        )
-        log_figure(trainer, "clusters/label_stats_C", lambda: self._label_stats_figure(pl_module, step), step)
+        for tag, draw in self._cluster_drawers(trainer, pl_module, step).items():
+            log_figure(trainer, tag, draw, step)
 
     @staticmethod
-    def _label_stats_figure(pl_module: pl.LightningModule, step: int) -> Figure | None:
-        stats = pl_module.rule.log_label_stats(pl_module.client_state)
-        return None if stats is None else figures.label_stats_figure(stats.exp(), step)
+    def _cluster_drawers(
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        step: int | None,
+        size: tuple[float, float] | None = None,
+        titles: bool = True,
+    ) -> dict[str, Callable[[], Figure | None]]:
+        """The cluster figures by tag, each drawn only when called (nothing without client state)."""
+        state = getattr(pl_module, "client_state", None)
+        if state is None:
+            return {}
+        concept, sizes = trainer.datamodule.metadata.concept, trainer.datamodule.train_sizes
+        style: dict[str, Any] = {"size": size, "titles": titles}
 
-    def _accuracy_figure(self) -> Figure | None:
+        def label_stats() -> Figure | None:
+            stats = pl_module.rule.log_label_stats(state)
+            return None if stats is None else figures.label_stats_figure(stats.exp(), step, **style)
+
+        return {
+            "clusters/omega_clients_by_concept": lambda: figures.omega_figure(
+                state.omega, concept, step, state.seen, **style
+            ),
+            "clusters/concept_shares": lambda: figures.shares_figure(
+                concept_shares(state.omega, concept, sizes), step, **style
+            ),
+            "clusters/label_stats_C": label_stats,
+        }
+
+    def _accuracy_figure(self, size: tuple[float, float] | None = None, titles: bool = True) -> Figure | None:
         per_concept: dict[int, str] = {}
         for metrics in self.history.values():
             for name in metrics:
@@ -115,7 +146,7 @@ class ClusterMonitor(pl.Callback):
         if not per_concept:
             return None
         mean = next(iter(per_concept.values())).rsplit("_concept", 1)[0]
-        return figures.accuracy_figure(self.history, per_concept, mean)
+        return figures.accuracy_figure(self.history, per_concept, mean, size=size, titles=titles)
 
     @staticmethod
     def _log_scalars(trainer: pl.Trainer, metrics: dict[str, float], step: int) -> None:

@@ -18,14 +18,16 @@ class DataSummary(pl.Callback):
     Args:
         print_table: also print the table to stdout (rank 0).
         max_rows: clients listed in the table.
+        figures: log the figure (False: the table only).
     """
 
-    def __init__(self, print_table: bool = False, max_rows: int | None = 50) -> None:
+    def __init__(self, print_table: bool = False, max_rows: int | None = 50, figures: bool = True) -> None:
         bad = isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
         if max_rows is not None and bad:
             raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
         self.print_table = print_table
         self.max_rows = max_rows
+        self.figures = figures
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule
@@ -34,6 +36,7 @@ class DataSummary(pl.Callback):
         table = format_summary(dm, self.max_rows)
         if self.print_table:
             print(table, flush=True)
-        log_figure(trainer, "data/summary", lambda: summary_figure(dm), step=0)
+        if self.figures:
+            log_figure(trainer, "data/summary", lambda: summary_figure(dm), step=0)
         for experiment in experiments_with(trainer, "add_text"):
             experiment.add_text("data/summary_table", "```\n" + table + "\n```", global_step=0)

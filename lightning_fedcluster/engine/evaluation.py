@@ -196,7 +196,7 @@ class EvaluationHooks:
             self.log(
                 name,
                 value,
-                logger=stage == "test",
+                logger=None if stage == "test" else False,  # None: logged (and returned) with no warning
                 batch_size=1,
                 sync_dist=True,
                 prog_bar=name.endswith((f"local_{metric}", f"global_{metric}")),

@@ -47,11 +47,31 @@ def simulate(
 def simulate_apps(apps: FlowerApps, num_supernodes: int, *, num_cpus: int | None = None) -> Any:
     """Run the ServerApp and ClientApp of ``apps`` in Flower's simulation runtime (Ray) on
     ``num_supernodes`` nodes; the trained module (``apps.server`` keeps the run's metrics)."""
-    from flwr.simulation import run_simulation
-
     init_args: dict[str, Any] = {"num_cpus": num_cpus or os.cpu_count() or 1, "log_to_driver": False}
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
-    run_simulation(apps.server_app(), apps.client_app(), num_supernodes, backend_config=backend)
+    run_in_simulation_runtime(apps.server_app(), apps.client_app(), num_supernodes, backend)
     if apps.result is None:
         raise RuntimeError("the Flower simulation ended before its ServerApp returned a model")
     return apps.result
+
+
+def run_in_simulation_runtime(server_app: Any, client_app: Any, num_supernodes: int, backend: dict) -> None:
+    """Run in-memory apps in Flower's simulation runtime, the one ``flwr run`` starts for a
+    simulation federation (``flwr.simulation.app`` calls the same ``_run_simulation``).
+
+    Flower deprecates its Python wrapper ``run_simulation`` in favour of ``flwr run``, which loads
+    the apps from a packaged app directory in another process; ``simulate`` takes live objects
+    and returns the trained module, so it enters the runtime below that wrapper. The ``flower``
+    extra pins flwr to the versions whose runtime has this signature.
+    """
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType
+
+    _run_simulation(
+        num_supernodes=num_supernodes,
+        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+        client_app=client_app,
+        server_app=server_app,
+        backend_name="ray",
+        backend_config=backend,
+    )

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-pytest.importorskip("flwr", reason='needs the flower extra: pip install -e ".[flower]"')
+pytest.importorskip("flwr", reason='needs the flower extra: pip install -e ".[flower]" (or ".[all]")')
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 

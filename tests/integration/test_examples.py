@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from lightning_fedcluster.cli import run_cli
+from tests.conftest import NEEDS_VISION
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 
@@ -80,7 +81,7 @@ def test_electricity(tmp_path: Path) -> None:
 
 
 def test_fedrc_fashion_mnist(tmp_path: Path) -> None:
-    pytest.importorskip("torchvision")
+    pytest.importorskip("torchvision", reason=NEEDS_VISION)
     from tests.helpers.vision_files import write_fashion_mnist
 
     root = write_fashion_mnist(tmp_path / "data", n_train=120, n_test=20)
@@ -91,7 +92,7 @@ def test_fedrc_fashion_mnist(tmp_path: Path) -> None:
 
 
 def test_fedrc_cifar10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torchvision")
+    pytest.importorskip("torchvision", reason=NEEDS_VISION)
     from tests.helpers.vision_files import accept_small_cifar, write_cifar10
 
     accept_small_cifar(monkeypatch)

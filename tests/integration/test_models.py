@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier, MLPRegressor
+from tests.conftest import NEEDS_VISION
 
 
 def test_linear_regressor_is_fedsofts_model() -> None:
@@ -41,7 +42,7 @@ def test_tabular_mlp_has_three_layers() -> None:
 @pytest.mark.parametrize("name", ["MobileNetV2Classifier", "ResNet18Classifier"])
 @pytest.mark.parametrize("norm", ["batch", "group"])
 def test_torchvision_models(name: str, norm: str) -> None:
-    pytest.importorskip("torchvision")
+    pytest.importorskip("torchvision", reason=NEEDS_VISION)
     from lightning_fedcluster import vision_models
 
     model = getattr(vision_models, name)(num_classes=10, norm=norm, lr=0.05)
@@ -58,7 +59,7 @@ def test_torchvision_models(name: str, norm: str) -> None:
 
 
 def test_torchvision_model_options() -> None:
-    pytest.importorskip("torchvision")
+    pytest.importorskip("torchvision", reason=NEEDS_VISION)
     from lightning_fedcluster.vision_models import MobileNetV2Classifier, ResNet18Classifier
 
     resnet = ResNet18Classifier(num_classes=100, cifar_stem=True)

@@ -18,13 +18,14 @@ from lightning_fedcluster.datamodules.datasets.vision import (
     load_vision_tensors,
 )
 from lightning_fedcluster.datamodules.shifts import CIFAR10_C, FASHION_MNIST_C, label_map
+from tests.conftest import NEEDS_VISION
 from tests.datamodules.partition.test_counts import type_counts
 from tests.helpers.vision_files import accept_small_cifar, write_cifar10, write_cifar100, write_fashion_mnist
 
 
 @pytest.fixture(scope="module")
 def tv():
-    return pytest.importorskip("torchvision")
+    return pytest.importorskip("torchvision", reason=NEEDS_VISION)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,60 @@
+"""``simulate`` enters Flower's simulation runtime directly, not through Flower's deprecated
+``run_simulation`` wrapper, so no "DEPRECATED FEATURE" line is printed."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+
+import pytest
+
+from lightning_fedcluster.flower import simulate, simulation
+from tests.flower import workload
+
+# flwr.simulation's __init__ rebinds the name run_simulation to the function: import the module itself.
+flower_runtime = importlib.import_module("flwr.simulation.run_simulation")
+
+
+def test_the_runtime_is_entered_below_the_deprecated_wrapper(monkeypatch) -> None:
+    real = flower_runtime._run_simulation
+    calls: list[dict] = []
+
+    def deprecated(*args, **kwargs):
+        raise AssertionError("Flower's deprecated run_simulation was called")
+
+    monkeypatch.setattr(flower_runtime, "run_simulation", deprecated)
+    monkeypatch.setattr(flower_runtime, "warn_deprecated_feature", deprecated)
+    monkeypatch.setattr(flower_runtime, "_run_simulation", lambda **kwargs: calls.append(kwargs))
+    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 1}}
+    simulation.run_in_simulation_runtime("server", "client", 3, backend)
+    (call,) = calls
+    inspect.signature(real).bind(**call)  # the installed flwr's runtime takes exactly these arguments
+    assert (call["server_app"], call["client_app"], call["num_supernodes"]) == ("server", "client", 3)
+    assert call["backend_config"] is backend and call["backend_name"] == "ray"
+    assert "run_simulation(" not in inspect.getsource(simulation).replace("_run_simulation(", "")
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.slow
+def test_a_real_simulation_prints_no_deprecation() -> None:
+    lines = Lines()
+    logging.getLogger("flwr").addHandler(lines)
+    try:
+        module = simulate(
+            workload.STRATEGIES["fedavg"](), workload.make_module(), workload.make_datamodule(),
+            num_rounds=1, num_supernodes=2, num_cpus=1,
+        )  # fmt: skip
+    finally:
+        logging.getLogger("flwr").removeHandler(lines)
+    assert module.round_metrics["train/clients"] > 0
+    assert lines.lines, "Flower's log was not captured"
+    assert not [line for line in lines.lines if "DEPRECATED" in line], lines.lines
