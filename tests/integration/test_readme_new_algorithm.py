@@ -1,5 +1,6 @@
-"""The docs' "Adding an algorithm" example (docs/how-to/new-algorithm.md) runs as written, on both
-the loop and the evaluation paths, with its server action carried out by the engine."""
+"""The docs' "Adding an algorithm" example (docs/how-to/new-algorithm.md) runs as written: the
+one-file rule with its own server action trains on both executors, and its named spelling
+registers the same rule (Flower's grid: tests/flower/test_new_algorithm.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_fedcluster import FederatedStrategy
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
@@ -17,21 +19,50 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "new-algorithm.
 
 def _example() -> dict:
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    (code,) = [b for b in blocks if "class PrunedIFCAStrategy" in b]
     namespace: dict = {}
-    exec(compile(code, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own example
+    for code in blocks:  # in order: the rule, then its registered name
+        exec(compile(code, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own example
     return namespace
 
 
-def test_the_readme_algorithm_trains_and_its_action_runs():
+def _datamodule() -> DigitsFederated:
+    return DigitsFederated(num_clients=6, concepts=1, seed=0)
+
+
+def _strategy(example: dict, executor: str) -> FederatedStrategy:
+    return FederatedStrategy(algorithm=example["PrunedIFCA"](4), local_steps=2, executor=executor)
+
+
+def _fit(strategy, rounds: int = 3):
+    trainer = make_trainer(strategy, max_epochs=rounds)
+    trainer.fit(MLPClassifier(), datamodule=_datamodule())
+    return trainer
+
+
+def test_the_one_file_algorithm_trains_and_its_own_action_runs_on_both_executors():
     example = _example()
-    dm = DigitsFederated(num_clients=6, concepts=1, seed=0)
-    strategy = example["PrunedIFCAStrategy"](num_clusters=4, local_steps=2)
-    trainer = make_trainer(strategy, max_epochs=3)
-    trainer.fit(MLPClassifier(), datamodule=dm)
-    state = trainer.lightning_module.client_state
-    # Six clients of one concept cannot fill four clusters: the rule pruned the empty ones.
+    assert example["strategy"].algorithm.num_clusters == 4
+    loop, vectorized = (_fit(_strategy(example, e)) for e in ("loop", "vectorized"))
+    state = loop.lightning_module.client_state
+    # Six clients of one concept cannot fill four clusters: the rule dropped the empty ones.
     assert int(state.active.sum()) < 4
     assert torch.all(state.omega[:, ~state.active] == 0)
-    metrics = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]
+    for a, b in zip(
+        loop.lightning_module.state_dict().values(),
+        vectorized.lightning_module.state_dict().values(),
+        strict=True,
+    ):  # the executors agree up to float32 summation order
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert torch.equal(state.active, vectorized.lightning_module.client_state.active)
+    metrics = loop.test(loop.lightning_module, datamodule=_datamodule(), verbose=False)[0]
     assert metrics["test/local_acc"] > 0.3
+
+
+def test_the_registered_name_builds_the_same_rule():
+    example = _example()
+    named = example["PrunedIFCAStrategy"](local_steps=2, executor="loop")
+    assert type(named.algorithm).__name__ == "PrunedIFCA" and named.num_clusters == 4
+    plain = _fit(_strategy(example, "loop")).lightning_module
+    registered = _fit(named).lightning_module
+    for a, b in zip(plain.state_dict().values(), registered.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
