@@ -16,6 +16,7 @@ from lightning_fedcluster.datamodules.fedsoft_synthetic import FedSoftSynthetic
 from lightning_fedcluster.datamodules.summary import client_rows, format_summary, summary_figure
 from lightning_fedcluster.datamodules.synthetic import FedEMSynthetic
 from lightning_fedcluster.datamodules.tabular import CSVFederated
+from lightning_fedcluster.datamodules.tensor_file import TensorFileFederated
 from lightning_fedcluster.datamodules.vision import (
     CIFAR10Federated,
     CIFAR100Federated,
@@ -32,6 +33,7 @@ __all__ = [
     "FedEMSynthetic",
     "FedSoftSynthetic",
     "FederatedDataModule",
+    "TensorFileFederated",
     "build_clients",
     "build_scenario",
     "client_rows",
