@@ -18,7 +18,8 @@ shows), then `save_figure`::
     import matplotlib
     from lightning_fedcluster import figures
 
-    omega, concept = module.client_state.omega, datamodule.metadata.concept
+    # after trainer.fit(model, datamodule=dm)
+    omega, concept = trainer.lightning_module.client_state.omega, dm.metadata.concept
     with matplotlib.rc_context({"font.size": 7}):
         fig = figures.omega_figure(omega, concept, size=(3.3, 1.6), titles=False)
     figures.save_figure(fig, "omega.pdf")
