@@ -6,21 +6,32 @@ local accuracy, global accuracy and concept ARI, and where the logs are. Every d
 overridden on the command line or with ``--config``, as with any LightningCLI. The console shows
 a progress bar over rounds (RoundProgressBar) and the data scenario is logged at fit start
 (DataSummary), unless the configuration lists its own.
+
+Beyond LightningCLI: ``--model mymodels.MyNet`` finds ``mymodels.py`` in the working directory;
+``--data my_data.pt`` (or ``.npz``) builds the FedRC scenario from the file's (x, y) tensors
+(``TensorFileFederated``, flags ``--data.num_clients``, ``--data.image_shape=[1,8,8]``, ...);
+``--figures=false`` draws no figures. A convolutional model given flat inputs fails before
+training with the option that gives it images.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
-from lightning_fedcluster.callbacks import DataSummary, RoundProgressBar
+from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, RoundProgressBar
 from lightning_fedcluster.datamodules import FederatedDataModule
+from lightning_fedcluster.datamodules.datasets.tensor_file import TENSOR_FILE_SUFFIXES
+from lightning_fedcluster.models import FLAT_DATA_FIX
 
 MAIN_JOB_DEFAULTS = {
     "model": {"class_path": "lightning_fedcluster.models.MLPClassifier", "init_args": {"lr": 0.2}},
@@ -40,6 +51,19 @@ MAIN_JOB_DEFAULTS = {
     # reach Lightning's per-step logging interval, which would otherwise warn that they do not.
     "trainer.log_every_n_steps": 1,
 }
+
+TENSOR_FILE_DATA = "lightning_fedcluster.datamodules.TensorFileFederated"
+DATA_HELP = (
+    "A FederatedDataModule: a class name or class_path with its arguments (--data.ARG VALUE), or a "
+    ".pt / .npz file of (x, y) tensors, which builds the FedRC scenario from them (TensorFileFederated: "
+    "--data.num_clients, --data.concepts, --data.dirichlet_alpha, --data.corrupt_fraction, "
+    "--data.image_shape=[C,H,W] to serve flat rows as images, --data.channels_last, ...; all: "
+    "--data.help TensorFileFederated)."
+)
+FIGURES_HELP = (
+    "Draw figures (cluster weights, concept shares, accuracy per concept, data summary) for "
+    "TensorBoard at validation rounds; false: scalars only."
+)
 
 RESULT_ROWS = (
     ("local accuracy", "test/local_acc"),
@@ -86,6 +110,48 @@ def _without_print_config(args: list[str]) -> list[str]:
     return kept
 
 
+def _with_tensor_file_data(args: list[str]) -> list[str]:
+    """``args`` with ``--data FILE.pt`` / ``--data=FILE.npz`` replaced by the TensorFileFederated
+    class and its ``path`` argument."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        value = None
+        if arg == "--data" and i + 1 < len(args):
+            value, step = args[i + 1], 2
+        elif arg.startswith("--data="):
+            value, step = arg.removeprefix("--data="), 1
+        if value is not None and Path(value).suffix.lower() in TENSOR_FILE_SUFFIXES:
+            out += ["--data", TENSOR_FILE_DATA, "--data.path", value]
+            i += step
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def check_images_for_convolutions(model: torch.nn.Module, datamodule: Any) -> None:
+    """Before training: a model with 2-D convolutions that fails on the datamodule's flat rows
+    gets an error naming the options that give it images, instead of a raw conv2d error."""
+    x = getattr(datamodule, "train_x", None)
+    convolutional = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    if not convolutional or not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[0] == 0:
+        return
+    training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(x[:2])
+    except Exception as error:  # any failure of a conv model on flat rows: the shape is the cause
+        raise ValueError(
+            f"{type(model).__name__} has 2-D convolutions but {type(datamodule).__name__} serves flat "
+            f"inputs {tuple(x.shape)}: {FLAT_DATA_FIX}"
+        ) from error
+    finally:
+        model.train(training)
+
+
 class FedClusterCLI(LightningCLI):
     """LightningCLI whose defaults are the main job and whose ``fit`` ends with a test pass.
 
@@ -95,31 +161,48 @@ class FedClusterCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(MAIN_JOB_DEFAULTS)
+        parser.add_argument("--figures", type=bool, default=True, help=FIGURES_HELP)
+        for action in parser._actions:
+            if action.dest == "data":
+                action.help = DATA_HELP
         self._job_parsers = [*getattr(self, "_job_parsers", []), parser]
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
-        """Parse; when the arguments name another model class, make that class the default first.
+        """Parse; ``--data FILE`` becomes TensorFileFederated, and when the arguments name another
+        model or data class, that class becomes the default first.
 
         jsonargparse keeps a default's ``init_args`` that type-check for a newly given class_path,
-        so the main job's MLPClassifier arguments would otherwise land in the user's class.
+        so the main job's MLPClassifier (DigitsFederated) arguments would otherwise land in the
+        user's class.
         """
-        model = self._chosen_model(parser, args)
-        if model is not None:
+        from_command_line = args is None
+        argv = sys.argv[1:] if from_command_line else args
+        if isinstance(argv, list):
+            argv = _with_tensor_file_data(argv)
+            if from_command_line:  # LightningCLI warns when given args besides a command line
+                sys.argv[1:] = argv
+            else:
+                args = argv
+        for key, class_path in self._chosen_classes(parser, argv).items():
             for job_parser in self._job_parsers:
-                job_parser.set_defaults({"model": {"class_path": model}})
+                job_parser.set_defaults({key: {"class_path": class_path}})
         super().parse_arguments(parser, args)
 
     @staticmethod
-    def _chosen_model(parser: LightningArgumentParser, args: ArgsType) -> str | None:
-        """The model class_path the arguments choose, when it is not the main job's."""
-        argv = sys.argv[1:] if args is None else args
-        if not isinstance(argv, list) or not any(a.startswith(("--model", "--config", "-c")) for a in argv):
-            return None
-        config = parser.parse_args(_without_print_config(argv))
+    def _chosen_classes(parser: LightningArgumentParser, args: ArgsType) -> dict[str, str]:
+        """The model and data class_paths the arguments choose, where they are not the main job's."""
+        if not isinstance(args, list) or not any(
+            a.startswith(("--model", "--data", "--config", "-c")) for a in args
+        ):
+            return {}
+        config = parser.parse_args(_without_print_config(args))
         subcommand = config.get("subcommand")
-        chosen = (config[subcommand] if subcommand else config).get("model")
-        class_path = getattr(chosen, "class_path", None)
-        return None if class_path == MAIN_JOB_DEFAULTS["model"]["class_path"] else class_path
+        chosen = {}
+        for key in ("model", "data"):
+            class_path = getattr((config[subcommand] if subcommand else config).get(key), "class_path", None)
+            if class_path is not None and class_path != MAIN_JOB_DEFAULTS[key]["class_path"]:
+                chosen[key] = class_path
+        return chosen
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with a DataSummary and a RoundProgressBar unless the configuration has its
@@ -128,12 +211,22 @@ class FedClusterCLI(LightningCLI):
         config = subcommand["trainer"]
         given = config.get("callbacks") or []
         callbacks = list(given) if isinstance(given, list) else [given]
+        figures = subcommand.get("figures", True)
         if not any(isinstance(c, DataSummary) for c in callbacks):
-            callbacks.append(DataSummary())
+            callbacks.append(DataSummary(figures=figures))
+        if not figures:  # --figures=false wins over the configured callbacks' own setting
+            for callback in callbacks:
+                if isinstance(callback, (ClusterMonitor, DataSummary)):
+                    callback.figures = False
+            if not any(isinstance(c, ClusterMonitor) for c in callbacks):
+                callbacks.append(ClusterMonitor(figures=False))
         bars_on = config.get("enable_progress_bar") is not False
         if bars_on and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(RoundProgressBar())
         return super().instantiate_trainer(**{**kwargs, "callbacks": callbacks})
+
+    def before_fit(self) -> None:
+        check_images_for_convolutions(self.model, self.datamodule)
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -162,7 +255,10 @@ def run_cli(args: ArgsType = None) -> FedClusterCLI:
 
 
 def main() -> None:
-    """Console entry point (``fedcluster``)."""
+    """Console entry point (``fedcluster``). The working directory is importable, as under
+    ``python -m``, so ``--model mymodels.MyNet`` finds ``./mymodels.py``."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     run_cli()
 
 

@@ -18,7 +18,8 @@ shows), then `save_figure`::
     import matplotlib
     from lightning_fedcluster import figures
 
-    omega, concept = module.client_state.omega, datamodule.metadata.concept
+    # after trainer.fit(model, datamodule=dm)
+    omega, concept = trainer.lightning_module.client_state.omega, dm.metadata.concept
     with matplotlib.rc_context({"font.size": 7}):
         fig = figures.omega_figure(omega, concept, size=(3.3, 1.6), titles=False)
     figures.save_figure(fig, "omega.pdf")
@@ -111,7 +112,7 @@ def mark_concepts(ax: Axes, sorted_concepts: Sequence[int], line_colour: str = "
         [(a + b - 1) / 2 for a, b in zip(starts, ends, strict=True)],
         labels=[f"{'c' if many else 'concept '}{sorted_concepts[a]}" for a in starts],
     )
-    top.tick_params(length=0, labelsize=8 if many else 10)
+    top.tick_params(length=0, labelsize="small" if many else "medium")  # scales with font.size
 
 
 def _annotate(ax: Axes, values: np.ndarray, fmt: str, threshold: float) -> None:
@@ -119,7 +120,7 @@ def _annotate(ax: Axes, values: np.ndarray, fmt: str, threshold: float) -> None:
     rows, cols = values.shape
     if rows * cols > MAX_ANNOTATED_CELLS:
         return
-    size = 9 if rows * cols <= 60 else 7
+    size = "small" if rows * cols <= 60 else "x-small"  # relative: scales with font.size
     for r in range(rows):
         for c in range(cols):
             colour = "white" if values[r, c] < threshold else "black"

@@ -117,9 +117,69 @@ class FashionCNN(ClassifierSteps):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 3:  # [N, H, W] grayscale
-            x = x.unsqueeze(1)
-        return self.classifier(self.features(x))
+        return self.classifier(self.features(image_batch(x, "FashionCNN")))
+
+
+class SmallCNN(ClassifierSteps):
+    """A small convolutional network for small images, e.g. the digits as 8×8 images
+    (``DigitsFederated(as_images=True)``): two 3×3 convolutions (``channels``) → 2×2 max-pool →
+    fc ``hidden`` → logits. Inputs are [N, ``in_channels``, ``image_size``, ``image_size``]."""
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        image_size: int = 8,
+        channels: Sequence[int] = (16, 32),
+        hidden: int = 64,
+        lr: float = 0.05,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__()
+        check_solver(lr, momentum, weight_decay)
+        if num_classes < 2 or in_channels < 1 or image_size < 2 or len(channels) != 2 or hidden < 1:
+            raise ValueError(
+                f"SmallCNN needs num_classes >= 2, in_channels >= 1, image_size >= 2, two channel counts "
+                f"and hidden >= 1, got num_classes={num_classes}, in_channels={in_channels}, "
+                f"image_size={image_size}, channels={tuple(channels)}, hidden={hidden}"
+            )
+        self.save_hyperparameters()
+        first, second = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, first, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(first, second, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        side = image_size // 2
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(second * side * side, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(image_batch(x, "SmallCNN")))
+
+
+def image_batch(x: Tensor, model: str) -> Tensor:
+    """``x`` as [N, C, H, W] (a grayscale [N, H, W] gains its channel); flat [N, features] inputs
+    are refused with the options that give images, instead of a raw conv2d error."""
+    if x.dim() == 3:
+        return x.unsqueeze(1)
+    if x.dim() != 4:
+        raise ValueError(
+            f"{model} needs image inputs [N, C, H, W], got shape {tuple(x.shape)}: " + FLAT_DATA_FIX
+        )
+    return x
+
+
+FLAT_DATA_FIX = (
+    "give the datamodule image-shaped inputs: DigitsFederated(as_images=True) "
+    "(--data.init_args.as_images=true), or image_shape=[C,H,W] for a tensor file "
+    "(--data.image_shape=[C,H,W]), or x reshaped to [N, C, H, W] in from_tensors"
+)
+"""How to turn flat inputs into images, for the errors a convolutional model meets on flat data."""
 
 
 class LinearRegressor(RegressorSteps):

@@ -18,6 +18,7 @@ from lightning_fedcluster.datamodules.datasets import (
     FedEMSynthetic,
     FedSoftSynthetic,
 )
+from lightning_fedcluster.datamodules.datasets.tensor_file import TensorFileFederated
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
 from lightning_fedcluster.datamodules.metadata import ClientMetadata
 from lightning_fedcluster.datamodules.scenario import build_scenario
@@ -33,6 +34,7 @@ __all__ = [
     "FedEMSynthetic",
     "FedSoftSynthetic",
     "FederatedDataModule",
+    "TensorFileFederated",
     "build_clients",
     "build_scenario",
     "client_rows",

@@ -43,7 +43,7 @@ def run(config: str, tmp_path: Path, *overrides: str):
 def test_every_example_has_its_header_and_a_test() -> None:
     configs = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
     assert configs == ["electricity.yaml", "fedem_synthetic.yaml", "fedrc_cifar10.yaml",
-                       "fedrc_fashion_mnist.yaml", "fedsoft_synthetic.yaml"]
+                       "fedrc_digits_cnn.yaml", "fedrc_fashion_mnist.yaml", "fedsoft_synthetic.yaml"]
     for name in configs:
         text = (EXAMPLES / name).read_text()
         assert f"fedcluster fit --config examples/{name}" in text
@@ -60,6 +60,14 @@ def test_fedem_synthetic(tmp_path: Path, capsys) -> None:
     assert type(cli.trainer.strategy).__name__ == "FedEMStrategy"
     assert cli.datamodule.num_clients == 12
     assert "global accuracy" in capsys.readouterr().out
+
+
+def test_fedrc_digits_cnn(tmp_path: Path) -> None:
+    cli = run("fedrc_digits_cnn.yaml", tmp_path, "--data.init_args.num_clients=10",
+              "--trainer.strategy.init_args.clients_per_round=5")
+    assert type(cli.model).__name__ == "SmallCNN"
+    assert cli.datamodule.train_x.shape[1:] == (1, 8, 8)
+    assert 0.0 < float(cli.trainer.callback_metrics["test/global_acc"]) <= 1.0
 
 
 def test_fedsoft_synthetic(tmp_path: Path) -> None:

@@ -35,6 +35,11 @@ class DigitsFederated(FederatedDataModule):
     held-out fifth is halved into validation and test by `val_share`) and there are 3 global
     test clients (one per concept) on the 360 held-out digits, each split into validation/test x
     adapt/score parts (`adapt_fraction`; see `FederatedDataModule`).
+
+    Args:
+        as_images: serve the inputs as 8×8 images [N, 1, 8, 8] for convolutional models
+            (e.g. ``SmallCNN``) instead of flat [N, 64] rows; the scenario (partition, concepts,
+            corruptions, splits) is the same.
     """
 
     def __init__(
@@ -49,9 +54,12 @@ class DigitsFederated(FederatedDataModule):
         seed: int = 0,
         val_share: float = 0.5,
         adapt_fraction: float = 0.4,
+        as_images: bool = False,
     ) -> None:
         check_batch_size(batch_size)
         x, y = load_digits_tensors()
+        if as_images:
+            x = x.reshape(-1, 1, 8, 8)
         arguments = build_scenario(
             x,
             y,
