@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning_fedcluster.datamodules.digits import load_digits_tensors
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary
 from lightning_fedcluster.cli import run_cli
 from lightning_fedcluster.datamodules import DigitsFederated, FederatedDataModule, TensorFileFederated
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.datamodules.datasets.tensor_file import as_images
 from lightning_fedcluster.models import SmallCNN
 
