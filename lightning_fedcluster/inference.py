@@ -17,6 +17,7 @@ from lightning_fedcluster.engine.evaluation import (
     predicts_per_client,
 )
 from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.engine.task import Task
 
 UNSEEN = -1  # the client id of a row from a client without labels: predicted with the mixture prior
 
@@ -47,7 +48,7 @@ class ClientPredictor:
 
     def predict(self, x: Tensor) -> Tensor:
         out = self.predict_proba(x)
-        return out.argmax(1) if self.module.task == "classification" else out
+        return Task.of(self.module.task).predict(out)
 
 
 class NewClients:
@@ -131,7 +132,7 @@ class NewClients:
     ) -> Tensor:
         """Predicted labels [N] (regression: predictions [N, D]); arguments as ``predict_proba``."""
         out = self.predict_proba(x, omega, client=client)
-        return out.argmax(1) if self.task == "classification" else out
+        return Task.of(self.task).predict(out)
 
     def current_label_stats(self: TrainingHost) -> Tensor | None:
         assert self.client_state is not None

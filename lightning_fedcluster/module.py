@@ -52,6 +52,7 @@ from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
 from lightning_fedcluster.engine.setup_checks import check_output_shape, check_training_setup
 from lightning_fedcluster.engine.step_count import count_steps
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
 from lightning_fedcluster.export import ClusterExport
 from lightning_fedcluster.prediction import PredictionHooks
@@ -120,7 +121,7 @@ class ClusteredModule(
         self.eval_metrics: dict[str, float] = {}
         self.log_label_stats: Tensor | None = None
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-        self.task = "classification"
+        self.task = Task.CLASSIFICATION
         self.executor = "loop"  # resolved from the strategy's ``executor`` when fitting starts
         self._pending_state: dict[str, Tensor] | None = None
         self._pending_metadata: dict[str, Any] | None = None
@@ -182,8 +183,8 @@ class ClusteredModule(
         strategy, datamodule = self.trainer.strategy, self.trainer.datamodule
         check_training_setup(strategy, datamodule, self.num_clusters, FederatedDataModule)
         self.plan = strategy.plan
-        self.task = getattr(datamodule, "task", "classification")
-        if self.task == "regression" and self.rule.uses_label_stats:
+        self.task = Task.of(getattr(datamodule, "task", Task.CLASSIFICATION))
+        if not self.task.is_classification and self.rule.capabilities.label_stats:
             raise ValueError(
                 f"{type(strategy).__name__} uses label statistics C_(y,k), which need class labels, but the "
                 "datamodule is a regression task: use FedEMStrategy (FedRC without C) for regression"
@@ -218,7 +219,7 @@ class ClusteredModule(
     @property
     def num_state_classes(self) -> int:
         """Rows of the label statistics: the class count, 0 for regression."""
-        return self.trainer.datamodule.num_classes if self.task == "classification" else 0
+        return self.task.label_classes(self.trainer.datamodule.num_classes)
 
     def configure_optimizers(self) -> Any:
         """One optimizer over all K copies (one step per client-step), built from the user's own

@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 
 from lightning_fedcluster.engine.evaluation import Evaluation
 from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.inference import UNSEEN, NewClients
 
@@ -152,7 +153,7 @@ class PredictionHooks(NewClients):
     def _prediction_dict(self: TrainingHost, prediction: Tensor, **fields: Tensor) -> dict[str, Tensor]:
         out = {name: value.detach().cpu() for name, value in fields.items()}
         prediction = prediction.detach().cpu()
-        if self.task == "classification":
+        if Task.of(self.task).is_classification:
             out["probs"], out["preds"] = prediction, prediction.argmax(1)
         else:
             out["preds"] = prediction

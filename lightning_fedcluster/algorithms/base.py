@@ -132,19 +132,34 @@ def soft_e_step_of_clients(
     ]
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a rule needs of the engine beyond the defaults, declared in one place (the engine
+    reads these, never a rule's options).
+
+    ``label_stats``: clients use the server's label statistics C_{y,k} (FedRC; needs class labels).
+    ``personal_models``: every client keeps a personal model between rounds (FedSoft, D-FedEM),
+    spanning ``personal_copies`` working copies (0: all K). ``model_distances``: after local
+    training a client is reassigned by the distances of its model to every global one (FeSEM,
+    WeCFL). ``per_sample_state``: client-store entries with one row per training sample, kept
+    between rounds (FedRC-Adam's γ and moments); ``per_sample_mixtures``: those of them that are
+    distributions over clusters (renormalised when clusters are removed).
+    """
+
+    label_stats: bool = False
+    personal_models: bool = False
+    personal_copies: int = 1
+    model_distances: bool = False
+    per_sample_state: tuple[str, ...] = ()
+    per_sample_mixtures: tuple[str, ...] = ()
+
+
 class Algorithm:
     """Defaults: the soft EM mixture of FedEM (C ≡ 1), every active cluster trained with γ,
     server weight N_i, soft prediction, unseen clients by the iterated E-step."""
 
-    uses_label_stats = False
-    hard_prediction = False
-    needs_model_distances = False  # FeSEM/WeCFL: distances of the trained model to every centre
-    keeps_personal_models = False  # FedSoft, D-FedEM
-    personal_copies = 1  # working copies a personal model spans (0: all K, D-FedEM)
-    # Per-sample client state kept between rounds (FedRC-Adam): names of [N, K] tensors.
-    per_sample_state: tuple[str, ...] = ()
-    # The per-sample entries that are mixtures over clusters (renormalised when clusters are removed).
-    per_sample_mixtures: tuple[str, ...] = ()
+    capabilities = Capabilities()
+    hard_prediction = False  # predict with the argmax-ω model (an option of the rule's own)
 
     def __init__(self, num_clusters: int) -> None:
         self.num_clusters = num_clusters
@@ -254,7 +269,7 @@ class Algorithm:
         """Which per-client flat vector the server needs after this round: "personal" (the
         personal model(s), kept in the client store), "model" (the locally trained copy),
         "update" (that copy minus its global model), or None."""
-        return "personal" if self.keeps_personal_models else None
+        return "personal" if self.capabilities.personal_models else None
 
     def after_round(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
         """Structural server decisions after aggregation (removal, centres, splits) as actions."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.base import Algorithm, ClientContext, LocalPlan
+from lightning_fedcluster.algorithms.base import Algorithm, Capabilities, ClientContext, LocalPlan
 from lightning_fedcluster.algorithms.seeds import DFEDEM_GRAPH, derive_seed
 
 
@@ -44,8 +44,7 @@ def metropolis_weights(adjacency: Tensor) -> Tensor:
 class DFedEM(Algorithm):
     """D-FedEM's rules. ``edge_probability`` and ``seed`` define the communication graph."""
 
-    keeps_personal_models = True
-    personal_copies = 0  # every client keeps all K models
+    capabilities = Capabilities(personal_models=True, personal_copies=0)  # all K models per client
 
     def __init__(self, num_clusters: int, *, edge_probability: float = 0.2, seed: int = 0) -> None:
         super().__init__(num_clusters)

@@ -18,6 +18,7 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import Note, RemoveClusters, RoundOutcome, ServerAction
 from lightning_fedcluster.algorithms.base import (
     Algorithm,
+    Capabilities,
     ClientContext,
     ClientReport,
     LocalPlan,
@@ -74,9 +75,16 @@ class FedRC(Algorithm):
         self.label_stats_floor = label_stats_floor
         self.reseed_threshold = reseed_threshold
         self.reseed_seed = reseed_seed
-        if adam_gamma:
-            self.per_sample_state = ("gamma", "adam_m", "adam_v")
-            self.per_sample_mixtures = ("gamma",)
+        per_sample = ("gamma", "adam_m", "adam_v") if adam_gamma else ()
+        self._capabilities = Capabilities(
+            label_stats=use_label_stats,
+            per_sample_state=per_sample,
+            per_sample_mixtures=per_sample[:1],
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        return self._capabilities
 
     def check_clients(self, num_clients: int) -> None:
         std = self.label_noise_std
@@ -115,7 +123,7 @@ class FedRC(Algorithm):
             return []
         kept = int((state.active & ~remove).sum())
         return [
-            RemoveClusters(remove, self.per_sample_mixtures),
+            RemoveClusters(remove, self.capabilities.per_sample_mixtures),
             Note(
                 f"round {outcome.round_index}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
                 f"(share of γ below the threshold); {kept} remain"

@@ -16,6 +16,7 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import Reassign, ServerAction, SetState
 from lightning_fedcluster.algorithms.base import (
     Algorithm,
+    Capabilities,
     ClientContext,
     ClientReport,
     Contribution,
@@ -69,7 +70,7 @@ class FedSoft(Algorithm):
     """FedSoft's rules. ``proximal`` is λ, ``selection_size`` the clients drawn per cluster,
     ``estimation_interval`` τ, ``smoother`` σ."""
 
-    keeps_personal_models = True
+    capabilities = Capabilities(personal_models=True)
 
     def __init__(
         self,

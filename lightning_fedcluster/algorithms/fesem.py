@@ -22,6 +22,7 @@ from lightning_fedcluster.algorithms.actions import (
 )
 from lightning_fedcluster.algorithms.assignment import assignment_report
 from lightning_fedcluster.algorithms.base import (
+    Capabilities,
     ClientContext,
     ClientReport,
     Contribution,
@@ -53,7 +54,7 @@ class FeSEM(HardAssignment):
     starts in a seeded random cluster and moves to the nearest centre after its local training.
     """
 
-    needs_model_distances = True
+    capabilities = Capabilities(model_distances=True)
 
     def __init__(
         self,

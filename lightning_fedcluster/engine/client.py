@@ -29,6 +29,7 @@ from lightning_fedcluster.algorithms.base import (
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.algorithms.seeds import CLIENT_RNG, MINIBATCH_ORDER, derive_seed
+from lightning_fedcluster.engine.task import Task
 
 
 @dataclass
@@ -77,7 +78,7 @@ def client_context(
     row = client if row is None else row
     extra = {}
     for name, value in state.extra.items():
-        if name in rule.per_sample_state:
+        if name in rule.capabilities.per_sample_state:
             extra[name] = value[sample_rows[0] : sample_rows[1]].to(device)
         elif value.dim() > 0 and value.shape[0] == state.num_clients:
             extra[name] = value[row].to(device)
@@ -156,12 +157,7 @@ def train_metric_sums(outputs: Tensor, y: Tensor, weights: Tensor, task: str) ->
     """[3] float64: summed NLL (or squared error), summed correct predictions (or squared error)
     and the sample count, of the mixture prediction with per-row ``weights`` [N, K] (or [K])."""
     mixture = mixture_probabilities(outputs.double(), weights)
-    if task == "regression":
-        error = (mixture - y.reshape(y.shape[0], -1).double()).square().mean(1).sum()
-        values = [error, error]
-    else:
-        likelihood = mixture.gather(1, y.unsqueeze(1)).squeeze(1).clamp_min(1e-300)
-        values = [-likelihood.log().sum(), (mixture.argmax(1) == y).sum().double()]
+    values = Task.of(task).loss_and_score(mixture, y)
     count = torch.tensor(float(y.shape[0]), dtype=torch.float64, device=outputs.device)
     return torch.stack([*values, count])
 

@@ -21,15 +21,14 @@ from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.engine.copies import Snapshot
 from lightning_fedcluster.engine.executors.loop import finetune
 from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.metrics.clustering import concept_ari
 
 
 def score(prediction: Tensor, y: Tensor, task: str) -> Tensor:
     """Correct predictions (classification) or summed per-sample squared error (regression)."""
-    if task == "regression":
-        return (prediction.double() - y.reshape(y.shape[0], -1).double()).square().mean(1).sum()
-    return (prediction.argmax(1) == y).sum().double()
+    return Task.of(task).score(prediction, y)
 
 
 def mixture_prediction(module: TrainingHost, x: Tensor, omega: Tensor, owner: Tensor | None = None) -> Tensor:
@@ -47,7 +46,7 @@ def mixture_prediction(module: TrainingHost, x: Tensor, omega: Tensor, owner: Te
 def predicts_per_client(module: TrainingHost) -> bool:
     """Whether a participating client's prediction needs its own model: personal models (FedSoft,
     D-FedEM) or cluster models fine-tuned on its data (FedRC-FT), not just its mixture weights."""
-    return module.rule.keeps_personal_models or module.finetune_epochs > 0
+    return module.rule.capabilities.personal_models or module.finetune_epochs > 0
 
 
 def personal_prediction(
@@ -58,7 +57,7 @@ def personal_prediction(
     ``snapshot`` (the global weights) afterwards."""
     assert module.client_state is not None
     omega = module.client_state.omega[client].to(module.device)
-    personal = module.client_state.personal.get(client) if module.rule.keeps_personal_models else None
+    personal = module.client_state.personal.get(client) if module.rule.capabilities.personal_models else None
     try:
         if personal is not None:
             copies = module.personal_copies()
@@ -143,7 +142,7 @@ class Evaluation:
         assert module.client_state is not None
         sums = module.reduce_sum(self.sums).cpu()
         dm = module.trainer.datamodule
-        metric = "mse" if module.task == "regression" else "acc"
+        metric = Task.of(module.task).metric
         per_global = (sums[2::2] / sums[3::2].clamp_min(1)).tolist()
         state = module.client_state
         metrics = {
@@ -191,7 +190,7 @@ class EvaluationHooks:
         metrics = self._evaluation.metrics(self, stage)
         self._evaluation = None
         self.eval_metrics = metrics
-        metric = "mse" if self.task == "regression" else "acc"
+        metric = Task.of(self.task).metric
         for name, value in metrics.items():
             self.log(
                 name,

@@ -41,7 +41,9 @@ def initial_client_state(
     state = ClientState.initial(num_clients, num_classes, plan.num_clusters)
     extras = plan.rule.initial_extra(num_clients, num_samples)
     if not per_sample:
-        extras = {name: v for name, v in extras.items() if name not in plan.rule.per_sample_state}
+        extras = {
+            name: v for name, v in extras.items() if name not in plan.rule.capabilities.per_sample_state
+        }
     state.extra.update(extras)
     state.active = plan.rule.initial_active()
     return state

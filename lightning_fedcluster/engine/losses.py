@@ -10,10 +10,10 @@ import copy
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_fedcluster.engine.outputs import LogitsFrom, forward_logits
+from lightning_fedcluster.engine.task import Task
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 # No-grad passes (E-step, evaluation) forward at most this many bytes of activations at once.
@@ -43,9 +43,7 @@ def functional_loss(model: nn.Module, task: str) -> LossFn:
     criterion = unreduced_criterion(model)
     if criterion is not None:
         return criterion
-    if task == "regression":
-        return lambda out, y: (out.reshape(y.shape) - y).square().reshape(y.shape[0], -1).mean(1)
-    return lambda out, y: F.cross_entropy(out, y, reduction="none")
+    return Task.of(task).default_loss()
 
 
 def per_sample_loss(
@@ -74,9 +72,7 @@ def per_sample_loss(
 
 def model_outputs(raw: Tensor, task: str) -> Tensor:
     """Class probabilities (classification) or predictions flattened to [N, D] (regression)."""
-    if task == "regression":
-        return raw.reshape(raw.shape[0], -1).float()
-    return torch.softmax(raw.float(), dim=1)
+    return Task.of(task).outputs(raw)
 
 
 @torch.no_grad()

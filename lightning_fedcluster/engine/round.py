@@ -58,7 +58,7 @@ class RoundState:
         if optimizer_size is not None:
             shapes["optimizer_started"] = (n, k)
         self.reported_state = [n for n in rule.client_reported_state() if n in state.extra]
-        self.per_sample = set(rule.per_sample_state)
+        self.per_sample = set(rule.capabilities.per_sample_state)
         for name in self.reported_state:
             rows = int(self.sample_offsets[-1]) if name in self.per_sample else n
             shapes[f"extra.{name}"] = (rows, *state.extra[name].shape[1:])

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-# The round metrics a ReduceLROnPlateau can monitor, per task (ClusteredModule.round_metrics).
-ROUND_METRICS = {"classification": ("train/loss", "train/acc"), "regression": ("train/loss", "train/mse")}
+from lightning_fedcluster.engine.task import Task
+
 SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau")
 
 
@@ -116,7 +116,7 @@ class RoundSchedulers:
     ) -> Any:
         """What ClusteredModule.configure_optimizers returns to Lightning: the optimizer, with the
         schedulers when there are any. Monitors are checked here, before training."""
-        metrics = ROUND_METRICS[task]
+        metrics = Task.of(task).round_metrics  # what a ReduceLROnPlateau can monitor
         for entry in entries:
             if entry.monitor is not None and entry.monitor not in metrics:
                 raise ValueError(

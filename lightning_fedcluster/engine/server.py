@@ -13,6 +13,7 @@ from lightning_fedcluster.algorithms.actions import RoundOutcome
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.task import Task
 
 
 def record_round(rule: Algorithm, state: ClientState, round_state: RoundState, train_offsets: Tensor) -> None:
@@ -43,7 +44,7 @@ def record_round(rule: Algorithm, state: ClientState, round_state: RoundState, t
             else:
                 stored.copy_(states[slot])  # in place: the store is allocated once per client
             state.optimizer_started[client] = started[slot]
-    if rule.keeps_personal_models and round_state.vectors is not None:
+    if rule.capabilities.personal_models and round_state.vectors is not None:
         vectors = round_state.vectors["vectors"].cpu()
         for slot in slots:
             state.personal[int(round_state.clients[slot])] = vectors[slot].clone()
@@ -88,7 +89,7 @@ def round_metrics(round_state: RoundState, state: ClientState, task: str) -> dic
     of the round's clients before training, clients that reported, alive clusters."""
     nll, second, count = (float(v) for v in round_state.report["metrics"])
     count = max(count, 1.0)
-    second_name = "train/mse" if task == "regression" else "train/acc"
+    second_name = Task.of(task).round_metrics[1]
     return {
         "train/loss": nll / count,
         second_name: second / count,

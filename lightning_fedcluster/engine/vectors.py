@@ -16,7 +16,8 @@ from lightning_fedcluster.engine.copies import ClusterCopies
 
 def personal_copies(rule: Algorithm, num_clusters: int) -> range:
     """The working copies a personal model occupies: copy 0 (FedSoft) or all K (D-FedEM)."""
-    return range(rule.personal_copies if rule.personal_copies else num_clusters)
+    copies = rule.capabilities.personal_copies
+    return range(copies if copies else num_clusters)
 
 
 def load_personal(

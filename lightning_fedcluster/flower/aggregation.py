@@ -59,7 +59,7 @@ def merge_store(
         value = stored.get(f"extra.{name}")
         if value is None or name in owned:
             continue
-        if name in rule.per_sample_state:
+        if name in rule.capabilities.per_sample_state:
             for r, client in enumerate(rows):
                 target[int(offsets[client]) : int(offsets[client + 1])] = value[
                     int(local[r]) : int(local[r + 1])

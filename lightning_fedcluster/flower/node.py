@@ -40,6 +40,7 @@ from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.schedule import local_steps_per_client
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.plan import clustered_module, flower_optimizer, set_round_hyperparameters
 
@@ -121,8 +122,8 @@ class NodeRuntime:
         clustered = (
             copy.deepcopy(module) if isinstance(module, ClusteredModule) else clustered_module(plan, module)
         )
-        self.task = getattr(datamodule, "task", "classification")
-        self.num_classes = datamodule.num_classes if self.task == "classification" else 0
+        self.task = Task.of(getattr(datamodule, "task", Task.CLASSIFICATION))
+        self.num_classes = self.task.label_classes(datamodule.num_classes)
         self.copies = clustered.copies
         sample = datamodule.train_split(int(self.clients[0]))[0][:2]
         rows = pass_rows(clustered.models[0], sample, clustered.eval_batch_size)
@@ -155,7 +156,7 @@ class NodeRuntime:
             records.load_state(state, context.state[STATE_KEY])  # type: ignore[arg-type]
         active = active.to(torch.bool)
         if bool((state.active & ~active).any()):
-            state.remove_clusters(state.active & ~active, self.plan.rule.per_sample_mixtures)
+            state.remove_clusters(state.active & ~active, self.plan.rule.capabilities.per_sample_mixtures)
         state.active = active.clone()  # and the clusters it started (CFL's splits)
         return state
 
@@ -291,7 +292,7 @@ class NodeRuntime:
     def client_prediction(self, state: ClientState, row: int, x: Tensor, snapshot: Any) -> Tensor:
         """A client's prediction as the Lightning engine's validation makes it: its personal model
         when it has one (FedSoft), else the mixture of the K models with its prediction weights."""
-        personal = state.personal.get(row) if self.plan.rule.keeps_personal_models else None
+        personal = state.personal.get(row) if self.plan.rule.capabilities.personal_models else None
         if personal is not None:
             self.copies.write_vector(
                 personal, vectors.personal_copies(self.plan.rule, self.plan.num_clusters)

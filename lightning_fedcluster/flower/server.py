@@ -33,6 +33,7 @@ from lightning_fedcluster.engine.federation import (
 )
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
@@ -218,7 +219,9 @@ class FlowerServer:
         """Before a rule's action applies: the client-store entries it rewrites go to the nodes
         with every later round; entries the nodes alone hold (label sums, per-sample state,
         optimizer state) cannot be rewritten by the server yet."""
-        pushable = {"omega"} | {name for name in state.extra if name not in self.rule.per_sample_state}
+        pushable = {"omega"} | {
+            name for name in state.extra if name not in self.rule.capabilities.per_sample_state
+        }
         for name in action.rewrites:
             if name not in pushable:
                 raise NotImplementedError(
@@ -278,7 +281,7 @@ class FlowerServer:
                 log.warning("node %d could not evaluate its clients: %s", node, node_error(reply))
                 continue
             sums += records.from_record(reply.content["evaluation"])["sums"]
-        name = "val/local_mse" if federation.task == "regression" else "val/local_acc"
+        name = f"val/local_{Task.of(federation.task).metric}"
         return {name: float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")}
 
     def save(self, path: str) -> None:

@@ -235,7 +235,7 @@ def end_turn(
     """The end of a client's turn: a rule that reassigns by model distances does (FeSEM, WeCFL),
     then ``finish_turn``, then the client's vector when the rule asks the server for one."""
     work, report, rule = turn.work, turn.work.report, setup.rule
-    if rule.needs_model_distances:
+    if rule.capabilities.model_distances:
         distances = vectors.distances(setup.copies, rule, round_state.global_clusters, work.plan.clusters[0])
         report = rule.reassign(report, distances, work.context)
     finish_turn(setup, solver, turn, round_state, report)

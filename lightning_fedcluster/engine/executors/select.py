@@ -39,9 +39,9 @@ def vectorized_obstacle(module: TrainingHost) -> str | None:
     name = type(rule).__name__
     if module.shared_layers:
         return "shared_layers (one extractor tied across the K copies) cannot be stacked per client"
-    if rule.keeps_personal_models:
+    if rule.capabilities.personal_models:
         return f"{name} trains per-client personal models"
-    if rule.needs_model_distances:
+    if rule.capabilities.model_distances:
         return f"{name} assigns clients by distances between locally trained models"
     if rule.round_vectors(None) is not None:
         return f"{name} needs every client's trained model on the server"
