@@ -48,6 +48,7 @@ from lightning_fedcluster.engine.optimizer_state import StateLayout, persistent_
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from, forward_logits
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.runtime import ClientRuntime
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
 from lightning_fedcluster.engine.setup_checks import check_output_shape, check_training_setup
@@ -301,6 +302,7 @@ class ClusteredModule(
             num_rounds=None if last is None or last < 0 else last,
             say=rank_zero_info,
         )
+        self._loop.bind(ClientRuntime.of(self))
         self.driver.prepare_round(trainer.current_epoch)
 
     def _estimation_pass(self, round_index: int) -> Tensor:

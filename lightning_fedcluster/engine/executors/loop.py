@@ -9,14 +9,14 @@ autograd."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
-from lightning_fedcluster.algorithms.base import Algorithm, ClientContext, ClientReport, LocalPlan
+from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, LocalPlan
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.seeds import FINETUNE_ORDER
 from lightning_fedcluster.engine import vectors
@@ -32,9 +32,10 @@ from lightning_fedcluster.engine.client import (
 from lightning_fedcluster.engine.copies import ClusterCopies, local_optimizer
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import evaluate_models, per_sample_loss
-from lightning_fedcluster.engine.optimizer_state import StateLayout, load_state, read_state
+from lightning_fedcluster.engine.optimizer_state import load_state, read_state
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
 from lightning_fedcluster.engine.schedule import derive_seed, epoch_batch
 from lightning_fedcluster.engine.work_items import ClientStep
 
@@ -50,46 +51,6 @@ class Copies(Protocol):
 
     @property
     def device(self) -> torch.device: ...
-
-
-@dataclass
-class LocalSetup:
-    """What every client's turn shares, without a Trainer: the K working copies, the rule, the
-    task, the seed, the no-grad pass size, the local step plan (``batch_size`` with
-    ``local_steps`` cycling, or ``local_epochs`` passes with optional ``drop_last``) and where
-    the logits are in the models' output (``logits_from``)."""
-
-    copies: ClusterCopies
-    rule: Algorithm
-    task: str
-    seed: int
-    pass_rows: int
-    batch_size: int
-    local_epochs: int | None
-    drop_last: bool
-    device: torch.device
-    logits_from: LogitsFrom = None
-
-    @property
-    def models(self) -> nn.ModuleList:
-        return self.copies.models
-
-
-@dataclass
-class LocalSolver:
-    """The local solver: one optimizer over the K copies (its state is the client's), how to zero
-    gradients, backpropagate and step, and the persistent-state layout (``optimizer_state="persist"``)."""
-
-    optimizer: torch.optim.Optimizer
-    zero_grad: Callable[[], Any]
-    backward: Callable[[Tensor], Any]
-    step: Callable[[], Any]
-    layout: StateLayout | None = None
-
-    @classmethod
-    def plain(cls, optimizer: torch.optim.Optimizer, layout: StateLayout | None = None) -> LocalSolver:
-        """Autograd and the optimizer itself (no Lightning)."""
-        return cls(optimizer, optimizer.zero_grad, lambda loss: loss.backward(), optimizer.step, layout)
 
 
 @dataclass
@@ -247,10 +208,16 @@ def end_turn(
 
 class LoopExecutor:
     """Runs the work items (client, local step) of a round on the module's working copies: a
-    client's turn with Lightning's optimizer and ``manual_backward``."""
+    client's turn with Lightning's optimizer and ``manual_backward``, through the fit's
+    ``ClientRuntime`` (built once, at fit start)."""
 
     def __init__(self) -> None:
         self.turn: ClientTurn | None = None
+        self.runtime: ClientRuntime | None = None
+
+    def bind(self, runtime: ClientRuntime) -> None:
+        """Use ``runtime`` for this fit's clients (a new fit binds its own)."""
+        self.runtime, self.turn = runtime, None
 
     def run_item(self, module: TrainingHost, item: ClientStep) -> None:
         if item.step == 0:
@@ -262,50 +229,39 @@ class LoopExecutor:
             with module.timed("aggregation"):
                 self.finish_client(module)
 
-    @staticmethod
-    def setup(module: TrainingHost) -> LocalSetup:
-        plan = module.plan
-        return LocalSetup(
-            module.copies, plan.rule, module.task, module.seed, module.pass_rows, module.batch_size,
-            plan.local_epochs, plan.drop_last, module.device, module.logits_from,
-        )  # fmt: skip
-
-    @staticmethod
-    def solver(module: TrainingHost) -> LocalSolver:
-        optimizer = module.optimizers()
-        return LocalSolver(
-            optimizer.optimizer,
-            optimizer.zero_grad,
-            module.manual_backward,
-            optimizer.step,
-            module.optimizer_layout,
-        )
-
     def start_client(self, module: TrainingHost, item: ClientStep) -> None:
         """The client contract's first half for one client (``start_turn``), then its personal
         model into the trained copy when the plan asks."""
-        client, state, round_state = item.client, module.client_state, module.round
-        assert state is not None and round_state is not None
+        client, state, round_state, runtime = item.client, module.client_state, module.round, self.runtime
+        assert state is not None and round_state is not None and runtime is not None
         x, y = module.split("train", client)
         context = module.client_context(client, item.round, x.shape[0])
         stored = (state.optimizer.get(client), state.optimizer_started[client])
         turn = start_turn(
-            self.setup(module), self.solver(module), round_state, x, y, context, item.slot,
-            module.log_label_stats, stored,
-        )  # fmt: skip
-        start_personal(self.setup(module), turn, round_state, state, client)
+            runtime.setup,
+            runtime.solver,
+            round_state,
+            x,
+            y,
+            context,
+            item.slot,
+            module.log_label_stats,
+            stored,
+        )
+        start_personal(runtime.setup, turn, round_state, state, client)
         self.turn = turn
 
     def local_step(self, module: TrainingHost, item: ClientStep) -> None:
-        turn = self.turn
-        assert turn is not None and module.round is not None and turn.work.client == item.client
-        turn_step(self.setup(module), self.solver(module), turn, item.step, module.round.global_clusters)
+        turn, runtime = self.turn, self.runtime
+        assert turn is not None and runtime is not None and module.round is not None
+        assert turn.work.client == item.client
+        turn_step(runtime.setup, runtime.solver, turn, item.step, module.round.global_clusters)
 
     def finish_client(self, module: TrainingHost) -> None:
         """The client's contributions into the round's sums, and its report."""
-        turn, round_state, state = self.turn, module.round, module.client_state
-        assert turn is not None and round_state is not None and state is not None
-        end_turn(self.setup(module), self.solver(module), turn, round_state, state)
+        turn, round_state, state, runtime = self.turn, module.round, module.client_state, self.runtime
+        assert turn is not None and round_state is not None and state is not None and runtime is not None
+        end_turn(runtime.setup, runtime.solver, turn, round_state, state)
         self.turn = None
 
 
