@@ -37,6 +37,23 @@ def algorithm_config(rule: Algorithm) -> dict[str, Any]:
     return config
 
 
+# The strategy's round settings a resumed run may change (each change is listed in a warning).
+SCHEDULE_SETTINGS = (
+    "clients_per_round",
+    "local_steps",
+    "local_epochs",
+    "drop_last",
+    "server_lr",
+    "seed",
+    "finetune_epochs",
+)
+
+
+def schedule_config(strategy: Any) -> dict[str, Any]:
+    """The strategy's round settings (clients per round, local work, server step, seed)."""
+    return {name: getattr(strategy, name, None) for name in SCHEDULE_SETTINGS}
+
+
 def algorithm_name(strategy: Any) -> str:
     """The algorithm as the user chose it: the strategy's name without "Strategy" (FedEM and
     FedRC share a rule class, WeCFL and FeSEM too)."""
@@ -44,18 +61,27 @@ def algorithm_name(strategy: Any) -> str:
 
 
 def metadata(
-    name: str, rule: Algorithm, state: ClientState | None, round_in_progress: int | None
+    name: str,
+    rule: Algorithm,
+    state: ClientState | None,
+    round_in_progress: int | None,
+    schedule: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "algorithm": name,
         "config": algorithm_config(rule),
+        "schedule": schedule or {},
         "client_state_keys": sorted(state.extra) if state is not None else [],
         "round_in_progress": round_in_progress,
     }
 
 
 def check_resumable(
-    saved: dict[str, Any] | None, name: str, rule: Algorithm, state: ClientState | None
+    saved: dict[str, Any] | None,
+    name: str,
+    rule: Algorithm,
+    state: ClientState | None,
+    schedule: dict[str, Any] | None = None,
 ) -> list[str]:
     """Raise a ValueError when the checkpoint cannot continue this run of algorithm ``name``;
     return the configuration differences that are allowed (for a warning). A checkpoint
@@ -82,11 +108,18 @@ def check_resumable(
             "checkpoint, such as the default ModelCheckpoint's (saved at every round end) or "
             "ModelCheckpoint(every_n_epochs=1)"
         )
-    current = algorithm_config(rule)
+    differences = _differences(saved["config"], algorithm_config(rule))
+    if saved.get("schedule") and schedule:  # a checkpoint without the schedule predates it
+        differences += _differences(saved["schedule"], schedule)
+    return differences
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """ "key: checkpoint a → now b" for every setting that differs."""
     return [
-        f"{key}: checkpoint {saved['config'].get(key)!r} → now {current.get(key)!r}"
-        for key in sorted(set(current) | set(saved["config"]))
-        if saved["config"].get(key) != current.get(key)
+        f"{key}: checkpoint {saved.get(key)!r} → now {current.get(key)!r}"
+        for key in sorted(set(current) | set(saved))
+        if saved.get(key) != current.get(key)
     ]
 
 
@@ -141,7 +174,8 @@ class CheckpointHooks:
             # the round's last step): Lightning would resume inside the epoch, not at the next round.
             in_progress = self._open_epoch
         name = algorithm_name(self.trainer.strategy)
-        ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress)
+        schedule = schedule_config(self.trainer.strategy)
+        ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress, schedule)
 
     def on_load_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
         if (
@@ -164,7 +198,8 @@ class CheckpointHooks:
     ) -> None:
         assert self.client_state is not None
         name = algorithm_name(self.trainer.strategy)
-        differences = check_resumable(saved, name, self.rule, self.client_state)
+        schedule = schedule_config(self.trainer.strategy)
+        differences = check_resumable(saved, name, self.rule, self.client_state, schedule)
         if differences:
             rank_zero_warn(f"resuming {name} with a changed configuration: " + "; ".join(differences))
         self.client_state.load_state_dict(state)
