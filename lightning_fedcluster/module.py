@@ -44,9 +44,11 @@ from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
 from lightning_fedcluster.engine.setup_checks import (
+    check_chance_level,
     check_loss_growth,
     check_output_shape,
     check_training_setup,
+    warn_before_fit,
 )
 from lightning_fedcluster.engine.step_count import count_steps
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
@@ -126,6 +128,7 @@ class ClusteredModule(
         self._vectorized: VectorizedExecutor | None = None
         self._evaluation: Evaluation | None = None
         self._first_round_loss: float | None = None
+        self._chance_rounds = 0  # rounds in a row at chance level (setup_checks.check_chance_level)
         self._interrupted_round: int | None = None
         self.optimizer_layout: StateLayout | None = None  # optimizer_state="persist" only
         self._open_epoch: int | None = None  # the round whose epoch is running (hooks between)
@@ -186,6 +189,7 @@ class ClusteredModule(
         self.pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size)
         self.stacked_pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size, self.num_clusters)
         if stage == "fit":
+            warn_before_fit(self.models[0], self.num_clusters, datamodule, self.task)
             strategy.chunk_size = None
             strategy.round_schedule(datamodule)  # validates clients_per_round before training
             x, y = datamodule.train_split(0)
@@ -387,6 +391,9 @@ class ClusteredModule(
         self.round_metrics = server.round_metrics(round_state, self.client_state, self.task)
         loss = self.round_metrics["train/loss"]
         self._first_round_loss = check_loss_growth(self._first_round_loss, loss, round_state.round_index)
+        self._chance_rounds = check_chance_level(
+            self._chance_rounds, self.round_metrics, round_state.round_index, self.num_state_classes
+        )
         for name, value in self.round_metrics.items():
             prog_bar = name in ("train/loss", "train/acc", "train/mse")
             options = dict(on_step=False, on_epoch=True, logger=False, batch_size=1, sync_dist=True)
