@@ -140,6 +140,24 @@ def load_server_optimizer(server_optimizer: ServerOptimizer | None, ckpt: dict[s
         server_optimizer.load_state_dict(saved)
 
 
+def saved_num_clusters(ckpt: dict[str, Any]) -> int | None:
+    """K of the ClusteredModule that wrote ``ckpt``: its cluster models ``models.<k>.*`` (None
+    when the state dict holds none)."""
+    indices = {key.split(".")[1] for key in ckpt.get("state_dict", {}) if key.startswith("models.")}
+    return len(indices) if indices else None
+
+
+def check_num_clusters(ckpt: dict[str, Any], num_clusters: int) -> None:
+    """Refuse, naming both K, a checkpoint with another number of cluster models (Lightning would
+    fail later on the optimizer's parameter groups or the state dict, never saying so)."""
+    saved = saved_num_clusters(ckpt)
+    if saved is not None and saved != num_clusters:
+        raise ValueError(
+            f"the checkpoint has K={saved} cluster models, this run K={num_clusters}: resume with "
+            f"num_clusters={saved}, or start a {num_clusters}-cluster fit without ckpt_path"
+        )
+
+
 def check_solver_layout(saved: dict[str, Any], optimizer: Any) -> None:
     """Resuming a fit restores the local solver's state: refuse, before Lightning fails deep in
     torch, a checkpoint whose parameter groups differ from this run's solver (a checkpoint written
@@ -178,6 +196,7 @@ class CheckpointHooks:
         ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress, schedule)
 
     def on_load_checkpoint(self: ClusteredModule, ckpt: dict[str, Any]) -> None:
+        check_num_clusters(ckpt, self.num_clusters)
         if (
             self._trainer is not None
             and self.trainer.state.fn == TrainerFn.FITTING

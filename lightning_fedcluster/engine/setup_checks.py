@@ -71,6 +71,15 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
             )
         return
     if out.dim() != 2 or out.shape[1] != datamodule.num_classes:
+        lowest = unused_low_labels(datamodule)
+        if lowest and out.dim() == 2 and out.shape[1] == datamodule.num_classes - lowest:
+            raise ValueError(
+                f"{source} returns {out.shape[1]} logits per sample but the datamodule has num_classes="
+                f"{datamodule.num_classes}: its labels run from {lowest} to {datamodule.num_classes - 1} "
+                f"(no label below {lowest}), and labels must be class indices 0..C-1. Remap them before "
+                f"building the datamodule, e.g. y - {lowest} (or torch.unique(y, return_inverse=True)[1] "
+                "for any set of labels)"
+            )
         raise ValueError(
             f"{source} must return logits of shape [batch, num_classes] = "
             f"[batch, {datamodule.num_classes}] for this datamodule, got {got}: set the model's "
@@ -83,6 +92,14 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
             "the logits (drop the final softmax), or pass logits_from= to select the logits from the "
             "output, or define per_sample_loss(batch) for probabilities"
         )
+
+
+def unused_low_labels(datamodule: Any) -> int:
+    """The smallest label of the datamodule's data (training, held-out and global clients): > 0
+    when the labels do not start at 0 (e.g. 1..10, which makes num_classes 11)."""
+    labels = [getattr(datamodule, name, None) for name in ("train_y", "test_y", "global_y")]
+    present = [y for y in labels if isinstance(y, Tensor) and y.numel() and not y.is_floating_point()]
+    return int(min(int(y.min()) for y in present)) if present else 0
 
 
 def looks_like_probabilities(out: Tensor) -> bool:

@@ -208,3 +208,17 @@ def test_resuming_with_changed_round_settings_lists_each_change_in_a_warning(tmp
                    "server_lr: checkpoint 1.0 → now 0.5"):  # fmt: skip
         assert change in message, message
     assert "seed" not in message  # unchanged settings are not listed
+
+
+def test_resuming_with_another_number_of_clusters_names_both():
+    """A K=3 checkpoint resumed with K=4 failed on the optimizer's parameter-group counts."""
+    dm = _datamodule()
+    trainer = make_trainer(_strategy("loop", num_clusters=3), max_epochs=1, enable_checkpointing=True)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    path = trainer.checkpoint_callback.best_model_path
+    resumed = make_trainer(_strategy("loop", num_clusters=4), max_epochs=2)
+    with pytest.raises(ValueError, match="the checkpoint has K=3 cluster models, this run K=4: resume with "
+                                         "num_clusters=3"):  # fmt: skip
+        resumed.fit(MLPClassifier(), datamodule=dm, ckpt_path=path)
+    with pytest.raises(ValueError, match="the checkpoint has K=3 cluster models, this run K=4"):
+        resumed.test(MLPClassifier(), datamodule=dm, ckpt_path=path, verbose=False)
