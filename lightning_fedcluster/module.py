@@ -51,7 +51,7 @@ from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.runtime import ClientRuntime
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
-from lightning_fedcluster.engine.setup_checks import check_output_shape, check_training_setup
+from lightning_fedcluster.engine.setup_checks import check_output_shape, check_training_setup, warn_before_fit
 from lightning_fedcluster.engine.step_count import count_steps
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
@@ -196,6 +196,7 @@ class ClusteredModule(
         self.pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size)
         self.stacked_pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size, self.num_clusters)
         if stage == "fit":
+            warn_before_fit(self.models[0], self.num_clusters, datamodule, self.task)
             strategy.chunk_size = None
             strategy.round_schedule(datamodule)  # validates clients_per_round before training
             x, y = datamodule.train_split(0)

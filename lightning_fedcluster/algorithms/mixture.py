@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 LABEL_STATS_FLOOR = 1e-8
-REVIVE_BELOW, REVIVE_MARGIN = 1e-6, 1e-4  # unseen-client ω: weights the stopping test re-checks
+REVIVE_BELOW = 1e-6  # unseen-client ω: a vanished weight that would grow restarts here
+# Unseen-client ω: converged when its mean log-likelihood per sample is this close to the maximum.
+GAP_TOLERANCE = 1e-12
 
 
 def responsibilities(
@@ -107,6 +110,16 @@ def label_statistics(client_label_sums: Tensor, floor: float = LABEL_STATS_FLOOR
     return stats.clamp_min(floor)
 
 
+@dataclass(frozen=True)
+class MixtureFit:
+    """An unseen client's mixture weights ``omega`` [K], the iterations it took, and ``gap``: a
+    certified bound on how far its mean log-likelihood per sample is below the maximum."""
+
+    omega: Tensor
+    iterations: int
+    gap: float
+
+
 def iterate_mixture(
     losses: Tensor,
     labels: Tensor,
@@ -114,23 +127,56 @@ def iterate_mixture(
     *,
     max_iterations: int = 5000,
     tolerance: float = 1e-8,
+    gap_tolerance: float = GAP_TOLERANCE,
     accelerate: bool = True,
 ) -> Tensor:
     """Mixture weights of a client that took no part in training: the fixed point of the E-step
     map F(ω) = mean_j γ_j(ω), i.e. the maximum-likelihood ω of the client's data under the K
-    fixed models. Returns ω [K] (not log); stops when ω changes by less than ``tolerance``
-    (max-abs).
+    fixed models. Returns ω [K] (not log); see ``fit_mixture``."""
+    return fit_mixture(
+        losses,
+        labels,
+        log_label_stats,
+        max_iterations=max_iterations,
+        tolerance=tolerance,
+        gap_tolerance=gap_tolerance,
+        accelerate=accelerate,
+    ).omega
+
+
+def fit_mixture(
+    losses: Tensor,
+    labels: Tensor,
+    log_label_stats: Tensor | None = None,
+    *,
+    max_iterations: int = 5000,
+    tolerance: float = 1e-8,
+    gap_tolerance: float = GAP_TOLERANCE,
+    accelerate: bool = True,
+) -> MixtureFit:
+    """``iterate_mixture`` with its iteration count and optimality gap. Stops when the mean
+    log-likelihood per sample of ω is certified within ``gap_tolerance`` of the maximum
+    (``likelihood_gap``), not when ω stops changing: where the K models' losses are nearly equal
+    (early in training) the likelihood is nearly flat, and ω keeps moving (slowly, or back and
+    forth along a flat direction) by more than any fixed tolerance while the data no longer
+    tell its values apart. A step smaller than ``tolerance`` short of the optimum is a stall:
+    vanished weights that would grow are revived.
 
     Plain iteration converges only linearly near a one-hot optimum (thousands of steps). With
-    ``accelerate`` each step is SQUAREM's (Varadhan & Roland 2008, scheme S3): an extrapolation
-    from two E-steps, projected onto the simplex, then one E-step; a step that lowers the
-    likelihood falls back to the two plain E-steps, so the likelihood never decreases. Hitting
-    the cap is reported with a warning, never silently.
+    ``accelerate`` each step is SQUAREM's (Varadhan & Roland 2008, scheme S3) on log ω: an
+    extrapolation from two E-steps, then one E-step. Near a vertex each vanishing weight decays
+    geometrically at its own rate, a straight line in log ω that one step length follows for all
+    of them (on ω itself, the step length fitted to the slowest weight made the fast ones bounce
+    back up, the step was refused and the iteration fell back to plain E-steps: the cap was
+    hit). A step that lowers the likelihood is shortened towards the plain double E-step, which
+    never does, so the likelihood never decreases. Hitting the cap is reported with a warning,
+    never silently.
     """
     k = losses.shape[1]
     scores = -losses.to(torch.float64)
     if log_label_stats is not None:
         scores = scores - log_label_stats.to(scores)[labels]
+    tiny = torch.finfo(scores.dtype).tiny
 
     def step(omega: Tensor) -> Tensor:
         log_gamma = torch.log_softmax(scores + omega.clamp_min(0).log(), dim=1)
@@ -140,40 +186,54 @@ def iterate_mixture(
         return float(torch.logsumexp(scores + omega.clamp_min(0).log(), dim=1).sum())
 
     omega = torch.full((k,), 1.0 / k, dtype=scores.dtype, device=scores.device)
-    change = math.inf
-    for _ in range(max_iterations):
+    change = gap = math.inf
+    for iteration in range(1, max_iterations + 1):
         first = step(omega)
         if not accelerate:
             change, omega = float((first - omega).abs().max()), first
         else:
             second = step(first)
-            r, v = first - omega, second - 2 * first + omega
+            u0, u1, u2 = (w.clamp_min(tiny).log() for w in (omega, first, second))
+            r, v = u1 - u0, u2 - 2 * u1 + u0
             norm_v = float(v.norm())
-            alpha = -float(r.norm()) / norm_v if norm_v > 0 else -1.0
-            alpha = min(alpha, -1.0)  # alpha = -1 is the plain double E-step
-            # Projected onto the simplex, each weight falling at most tenfold per step: the E-step
-            # keeps a zero weight at zero forever, so a jump must not cut a cluster off.
-            jump = torch.maximum(omega - 2 * alpha * r + alpha * alpha * v, omega / 10)
-            candidate = step(jump / jump.sum())
-            if likelihood(candidate) < likelihood(second):
-                candidate = second
+            alpha = min(-float(r.norm()) / norm_v if norm_v > 0 else -1.0, -1.0)  # -1: the double E-step
+            floor = likelihood(second)
+            while True:
+                # Each weight falls at most tenfold per step: the E-step keeps a zero weight at zero
+                # forever, so a jump must not cut a cluster off.
+                jump = torch.maximum(u0 - 2 * alpha * r + alpha * alpha * v, u0 - math.log(10.0))
+                candidate = step(torch.softmax(jump, dim=0))
+                if alpha == -1.0 or likelihood(candidate) >= floor:
+                    break
+                alpha = (alpha - 1.0) / 2 if alpha < -2.0 else -1.0
             change, omega = float((candidate - omega).abs().max()), candidate
+        gap = likelihood_gap(scores, omega)
+        if gap <= gap_tolerance:
+            return MixtureFit(omega, iteration, gap)
         if change < tolerance:
-            # A fixed point of the E-step is the optimum only if no vanished weight would grow
-            # (KKT: mean_j p_jk / p_j <= 1); revive any that would, and go on.
-            growth = step(omega) / omega.clamp_min(torch.finfo(omega.dtype).tiny)
-            revive = (growth > 1 + REVIVE_MARGIN) & (omega < REVIVE_BELOW)
-            if not bool(revive.any()):
-                return omega
-            omega = torch.where(revive, torch.full_like(omega, REVIVE_BELOW), omega)
-            omega = omega / omega.sum()
+            # Stalled short of the optimum: a weight that vanished (the E-step keeps a zero at zero)
+            # but would grow (KKT: mean_j p_jk / p_j <= 1 at the optimum) is revived.
+            growth = step(omega) / omega.clamp_min(tiny)
+            revive = (growth > 1 + gap_tolerance) & (omega < REVIVE_BELOW)
+            if bool(revive.any()):
+                omega = torch.where(revive, torch.full_like(omega, REVIVE_BELOW), omega)
+                omega = omega / omega.sum()
     warnings.warn(
         f"the E-step for an unseen client did not converge in {max_iterations} iterations (last change "
-        f"{change:.2e} > tolerance {tolerance:.0e}); its mixture weights are approximate",
+        f"{change:.2e}, tolerance {tolerance:.0e}; likelihood gap {gap:.2e}, tolerance "
+        f"{gap_tolerance:.0e}); its mixture weights are approximate",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
-    return omega
+    return MixtureFit(omega, max_iterations, gap)
+
+
+def likelihood_gap(scores: Tensor, omega: Tensor) -> float:
+    """A bound on max_ω' L(ω') − L(ω), L the mean log-likelihood per sample Σ_j log Σ_k ω_k e^{s_jk} / N
+    (``scores`` s [N, K]): L is concave with gradient g_k = mean_j e^{s_jk} / Σ_l ω_l e^{s_jl} and
+    Σ_k ω_k g_k = 1, so L(ω') ≤ L(ω) + g·(ω' − ω) ≤ L(ω) + max_k g_k − 1 on the simplex."""
+    log_mix = torch.logsumexp(scores + omega.clamp_min(0).log(), dim=1, keepdim=True)
+    return max(float((scores - log_mix).exp().mean(0).max()) - 1.0, 0.0)
 
 
 def mixture_probabilities(probs: Tensor, omega: Tensor) -> Tensor:

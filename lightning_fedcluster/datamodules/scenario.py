@@ -29,6 +29,7 @@ from lightning_fedcluster.datamodules.shifts import (
 )
 from lightning_fedcluster.datamodules.validation import (
     Split,
+    check_channels_first,
     check_num_classes_arg,
     fraction_arg,
     int_arg,
@@ -331,6 +332,7 @@ def _corrupt_fractions_arg(value: float | Sequence[float] | None, concepts: int)
 def _image_shape_arg(image_shape: Any, x: Tensor, *, needed: bool) -> tuple[int, ...]:
     """Image shape (C, H, W) the corruptions see; required only when a client is corrupted."""
     if image_shape is None:
+        check_channels_first(x, None)
         if x.ndim == 4:
             return tuple(x.shape[1:])
         if needed:
@@ -354,4 +356,5 @@ def _image_shape_arg(image_shape: Any, x: Tensor, *, needed: bool) -> tuple[int,
             f"but x has per-sample shape {tuple(x.shape[1:])} ({per_sample} values); "
             "fix image_shape"
         )
+    check_channels_first(x, tuple(int(d) for d in image_shape))
     return tuple(int(d) for d in image_shape)

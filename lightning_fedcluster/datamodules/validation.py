@@ -20,6 +20,7 @@ __all__ = [
     "TASKS",
     "Split",
     "check_batch_size",
+    "check_channels_first",
     "check_finite_split",
     "check_labels",
     "check_num_classes_arg",
@@ -128,6 +129,29 @@ def check_labels(name: str, y: Tensor, offsets: Tensor, num_classes: int) -> Non
             f"{name}[{client}] has label {int(y[row])} outside [0, num_classes={num_classes}); "
             "labels must be class indices: remap them or pass a larger num_classes"
         )
+
+
+def check_channels_first(x: Tensor, image_shape: tuple[int, ...] | None) -> None:
+    """4-D images must be [N, C, H, W] (as torch's conv layers take them): raise, naming the
+    permutation, for channels-last [N, H, W, C] images (e.g. from numpy, PIL or TensorFlow), which
+    would otherwise pass a values-per-sample check and fail later inside the model's conv2d."""
+    if x.ndim != 4:
+        return
+    got = tuple(x.shape[1:])
+    looks_last = got[2] in (1, 3, 4) and got[0] not in (1, 3, 4)
+    if image_shape is not None and got == tuple(image_shape) or image_shape is None and not looks_last:
+        return
+    c, h, w = image_shape if image_shape is not None else (got[2], got[0], got[1])
+    given = "" if image_shape is None else f" with image_shape={tuple(image_shape)} (channels, height, width)"
+    if got == (h, w, c):
+        raise ValueError(
+            f"x has shape {tuple(x.shape)}{given}: the images look channels-last [N, H, W, C]; permute "
+            f"them to [N, C, H, W] with x.permute(0, 3, 1, 2) (shape [N, {c}, {h}, {w}])"
+        )
+    raise ValueError(
+        f"x has per-sample shape {got} but image_shape={tuple(image_shape or ())}: 4-D inputs must be "
+        "[N, channels, height, width] equal to image_shape; reshape x or fix image_shape"
+    )
 
 
 FINITE_CHECK_ROWS = 8192  # rows per isfinite pass: a whole-tensor pass held ~1.3x the data

@@ -35,19 +35,45 @@ def algorithm_config(rule: Algorithm) -> dict[str, Any]:
     return config
 
 
+# The strategy's round settings a resumed run may change (each change is listed in a warning).
+SCHEDULE_SETTINGS = (
+    "clients_per_round",
+    "local_steps",
+    "local_epochs",
+    "drop_last",
+    "server_lr",
+    "seed",
+    "finetune_epochs",
+)
+
+
+def schedule_config(plan: Any) -> dict[str, Any]:
+    """The run's round settings (clients per round, local work, server step, seed)."""
+    return {name: getattr(plan, name, None) for name in SCHEDULE_SETTINGS}
+
+
 def metadata(
-    name: str, rule: Algorithm, state: ClientState | None, round_in_progress: int | None
+    name: str,
+    rule: Algorithm,
+    state: ClientState | None,
+    round_in_progress: int | None,
+    schedule: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "algorithm": name,
         "config": algorithm_config(rule),
+        "schedule": schedule or {},
         "client_state_keys": sorted(state.extra) if state is not None else [],
         "round_in_progress": round_in_progress,
     }
 
 
 def check_resumable(
-    saved: dict[str, Any] | None, name: str, rule: Algorithm, state: ClientState | None
+    saved: dict[str, Any] | None,
+    name: str,
+    rule: Algorithm,
+    state: ClientState | None,
+    schedule: dict[str, Any] | None = None,
 ) -> list[str]:
     """Raise a ValueError when the checkpoint cannot continue this run of algorithm ``name``;
     return the configuration differences that are allowed (for a warning). A checkpoint
@@ -74,11 +100,18 @@ def check_resumable(
             "checkpoint, such as the default ModelCheckpoint's (saved at every round end) or "
             "ModelCheckpoint(every_n_epochs=1)"
         )
-    current = algorithm_config(rule)
+    differences = _differences(saved["config"], algorithm_config(rule))
+    if saved.get("schedule") and schedule:  # a checkpoint without the schedule predates it
+        differences += _differences(saved["schedule"], schedule)
+    return differences
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """ "key: checkpoint a → now b" for every setting that differs."""
     return [
-        f"{key}: checkpoint {saved['config'].get(key)!r} → now {current.get(key)!r}"
-        for key in sorted(set(current) | set(saved["config"]))
-        if saved["config"].get(key) != current.get(key)
+        f"{key}: checkpoint {saved.get(key)!r} → now {current.get(key)!r}"
+        for key in sorted(set(current) | set(saved))
+        if saved.get(key) != current.get(key)
     ]
 
 
@@ -97,6 +130,24 @@ def load_server_optimizer(server_optimizer: ServerOptimizer | None, ckpt: dict[s
         )
     if server_optimizer is not None and saved is not None:
         server_optimizer.load_state_dict(saved)
+
+
+def saved_num_clusters(ckpt: dict[str, Any]) -> int | None:
+    """K of the ClusteredModule that wrote ``ckpt``: its cluster models ``models.<k>.*`` (None
+    when the state dict holds none)."""
+    indices = {key.split(".")[1] for key in ckpt.get("state_dict", {}) if key.startswith("models.")}
+    return len(indices) if indices else None
+
+
+def check_num_clusters(ckpt: dict[str, Any], num_clusters: int) -> None:
+    """Refuse, naming both K, a checkpoint with another number of cluster models (Lightning would
+    fail later on the optimizer's parameter groups or the state dict, never saying so)."""
+    saved = saved_num_clusters(ckpt)
+    if saved is not None and saved != num_clusters:
+        raise ValueError(
+            f"the checkpoint has K={saved} cluster models, this run K={num_clusters}: resume with "
+            f"num_clusters={saved}, or start a {num_clusters}-cluster fit without ckpt_path"
+        )
 
 
 def check_solver_layout(saved: dict[str, Any], optimizer: Any) -> None:
@@ -132,10 +183,11 @@ class CheckpointHooks:
             # Saved after the round's aggregation but inside its epoch (a step-based checkpoint at
             # the round's last step): Lightning would resume inside the epoch, not at the next round.
             in_progress = self._open_epoch
-        name = self.plan.name
-        ckpt[METADATA_KEY] = metadata(name, self.rule, self.client_state, in_progress)
+        schedule = schedule_config(self.plan)
+        ckpt[METADATA_KEY] = metadata(self.plan.name, self.rule, self.client_state, in_progress, schedule)
 
     def on_load_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
+        check_num_clusters(ckpt, self.num_clusters)
         if (
             self._trainer is not None
             and self.trainer.state.fn == TrainerFn.FITTING
@@ -156,7 +208,7 @@ class CheckpointHooks:
     ) -> None:
         assert self.client_state is not None
         name = self.plan.name
-        differences = check_resumable(saved, name, self.rule, self.client_state)
+        differences = check_resumable(saved, name, self.rule, self.client_state, schedule_config(self.plan))
         if differences:
             rank_zero_warn(f"resuming {name} with a changed configuration: " + "; ".join(differences))
         self.client_state.load_state_dict(state)

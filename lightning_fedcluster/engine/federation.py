@@ -29,7 +29,7 @@ from lightning_fedcluster.engine.round import Reduce, RoundState
 from lightning_fedcluster.engine.schedule import RoundSchedule
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
-from lightning_fedcluster.engine.setup_checks import check_loss_growth
+from lightning_fedcluster.engine.setup_checks import check_chance_level, check_loss_growth
 
 
 def initial_client_state(
@@ -132,7 +132,8 @@ class RoundDriver:
         self.estimate, self.device = estimate, device or torch.device("cpu")
         self.optimizer_size, self.personal_vectors = optimizer_size, personal_vectors
         self.num_rounds, self.say, self.check_action = num_rounds, say, check_action
-        self.first_loss: float | None = None
+        self.first_loss: float | None = None  # the divergence checks' state (engine/setup_checks.py)
+        self.chance_rounds = 0
 
     @property
     def rule(self):  # noqa: ANN201 - the plan's Algorithm
@@ -186,6 +187,9 @@ class RoundDriver:
         self.state.copies.load((round_state.global_clusters, round_state.global_shared))
         metrics = server.round_metrics(round_state, state, self.clients.task)
         self.first_loss = check_loss_growth(self.first_loss, metrics["train/loss"], round_state.round_index)
+        self.chance_rounds = check_chance_level(
+            self.chance_rounds, metrics, round_state.round_index, self.clients.num_classes
+        )
         with warnings.catch_warnings():  # a solver that only the nodes step (Flower) never steps here
             warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             self.state.schedulers.step(round_state.round_index, metrics)

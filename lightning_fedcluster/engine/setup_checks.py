@@ -70,6 +70,15 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
             )
         return
     if out.dim() != 2 or out.shape[1] != datamodule.num_classes:
+        lowest = unused_low_labels(datamodule)
+        if lowest and out.dim() == 2 and out.shape[1] == datamodule.num_classes - lowest:
+            raise ValueError(
+                f"{source} returns {out.shape[1]} logits per sample but the datamodule has num_classes="
+                f"{datamodule.num_classes}: its labels run from {lowest} to {datamodule.num_classes - 1} "
+                f"(no label below {lowest}), and labels must be class indices 0..C-1. Remap them before "
+                f"building the datamodule, e.g. y - {lowest} (or torch.unique(y, return_inverse=True)[1] "
+                "for any set of labels)"
+            )
         raise ValueError(
             f"{source} must return logits of shape [batch, num_classes] = "
             f"[batch, {datamodule.num_classes}] for this datamodule, got {got}: set the model's "
@@ -82,6 +91,14 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
             "the logits (drop the final softmax), or pass logits_from= to select the logits from the "
             "output, or define per_sample_loss(batch) for probabilities"
         )
+
+
+def unused_low_labels(datamodule: Any) -> int:
+    """The smallest label of the datamodule's data (training, held-out and global clients): > 0
+    when the labels do not start at 0 (e.g. 1..10, which makes num_classes 11)."""
+    labels = [getattr(datamodule, name, None) for name in ("train_y", "test_y", "global_y")]
+    present = [y for y in labels if isinstance(y, Tensor) and y.numel() and not y.is_floating_point()]
+    return int(min(int(y.min()) for y in present)) if present else 0
 
 
 def looks_like_probabilities(out: Tensor) -> bool:
@@ -103,3 +120,79 @@ def check_loss_growth(first: float | None, loss: float, round_index: int) -> flo
         )
         return math.inf
     return first
+
+
+# Rounds in a row at chance level (after the first aggregation) before the chance warning.
+CHANCE_ROUNDS = 3
+# Hooks of the user's LightningModule the engine never calls, and what it does instead.
+IGNORED_HOOKS = {
+    "training_step": "each client's local step minimizes {loss} with the optimizer of configure_optimizers",
+    "validation_step": "validation scores every client (val/local_acc, val/global_acc, ...)",
+    "test_step": "testing scores every client (test/local_acc, test/global_acc, ...)",
+    "predict_step": "trainer.predict returns each row's mixture prediction (ClusteredModule.predict_step)",
+}
+_LIBRARIES = ("lightning.", "pytorch_lightning.", "lightning_fedcluster.")
+
+
+def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: str) -> None:
+    """Warn (once, before training) about settings the engine accepts but the user likely did not
+    mean: more cluster models than clients, and hooks of the user's module it never calls."""
+    if num_clusters > datamodule.num_clients:
+        rank_zero_warn(
+            f"num_clusters={num_clusters} but the datamodule has only {datamodule.num_clients} clients: "
+            "with more cluster models than clients some models get little or no data (hard-clustering "
+            f"algorithms leave at least {num_clusters - datamodule.num_clients} empty); use num_clusters <= "
+            f"{datamodule.num_clients}, the number of distinct data distributions you expect"
+        )
+    ignored = [hook for hook in IGNORED_HOOKS if user_defined(type(model), hook)]
+    if ignored:
+        name = type(model).__name__
+        loss = loss_source(model, task)
+        instead = "; ".join(IGNORED_HOOKS[hook].format(loss=loss) for hook in ignored)
+        rank_zero_warn(
+            f"{name} defines {', '.join(ignored)}, which lightning-fedcluster does not call (nor the "
+            f"self.log calls in them): {instead}. The engine uses {name}'s forward, configure_optimizers "
+            "and, when defined, per_sample_loss(batch) or criterion; log more with a Callback "
+            "(its hooks see trainer.lightning_module.round_metrics and eval_metrics)"
+        )
+
+
+def user_defined(cls: type, hook: str) -> bool:
+    """Whether ``hook`` comes from the user's class (not Lightning's or this library's)."""
+    for klass in cls.__mro__:
+        if hook in vars(klass):
+            return not f"{klass.__module__}.".startswith(_LIBRARIES)
+    return False
+
+
+def loss_source(model: nn.Module, task: str) -> str:
+    """Where the engine's per-sample loss comes from, in words (``engine.losses.per_sample_loss``)."""
+    name = type(model).__name__
+    if callable(getattr(model, "per_sample_loss", None)):
+        return f"{name}.per_sample_loss(batch)"
+    if getattr(model, "criterion", None) is not None:
+        return f"{name}.criterion (per sample)"
+    return "the cross-entropy of forward's logits" if task == "classification" else "the squared error"
+
+
+def check_chance_level(rounds: int, metrics: dict[str, float], round_index: int, num_classes: int) -> int:
+    """Warn once when training stays at chance: the round's training loss at or above log C (the
+    loss of a uniform guess) and its accuracy at most 2/C, for ``CHANCE_ROUNDS`` rounds in a row
+    after the first aggregation (a learning rate so high that the model collapsed to a constant
+    prediction, without the loss growing 100x). Returns the rounds in a row so far (-1 once warned).
+    Healthy runs fall below log C from their first aggregated round on."""
+    if rounds < 0 or num_classes < 2 or round_index == 0 or "train/acc" not in metrics:
+        return rounds
+    loss, accuracy = metrics["train/loss"], metrics["train/acc"]
+    if not (loss >= math.log(num_classes) and accuracy <= 2.0 / num_classes):
+        return 0
+    rounds += 1
+    if rounds < CHANCE_ROUNDS:
+        return rounds
+    rank_zero_warn(
+        f"round {round_index}: training is at chance level for {rounds} rounds (loss {loss:.4g} >= log "
+        f"{num_classes} = {math.log(num_classes):.4g}, the loss of a uniform guess; accuracy {accuracy:.3f} "
+        f"for 1/{num_classes} = {1 / num_classes:.3f}): the learning rate is most likely too high (the "
+        "model collapsed to a constant prediction): lower it, e.g. tenfold"
+    )
+    return -1

@@ -561,3 +561,20 @@ def test_accelerated_unseen_client_iteration_equals_the_slow_one_without_hitting
         )
         assert_close(fast, slow, rtol=0, atol=1e-6)
         assert float(fast.sum()) == pytest.approx(1.0, abs=1e-12) and bool((fast >= 0).all())
+
+
+def test_nearly_equal_cluster_losses_converge_far_below_the_cap_to_a_certified_optimum() -> None:
+    """Losses that differ little across the clusters (early training): a flat likelihood with a
+    near-one-hot optimum, where the E-step used to run into its 5,000-iteration cap."""
+    from lightning_fedcluster.algorithms.mixture import fit_mixture, likelihood_gap
+
+    generator = torch.Generator().manual_seed(0)
+    for spread in (1e-2, 3e-3, 1e-4):
+        for _ in range(10):
+            base = torch.rand(120, 1, generator=generator, dtype=F64) * 2 + 1.5
+            losses = base + spread * torch.randn(120, 3, generator=generator, dtype=F64)
+            labels = torch.randint(0, 10, (120,), generator=generator)
+            fit = fit_mixture(losses, labels)
+            assert fit.iterations <= 100, (spread, fit.iterations)  # 50x below the cap
+            assert likelihood_gap(-losses, fit.omega) <= 1e-12
+            assert float(fit.omega.sum()) == pytest.approx(1.0, abs=1e-12) and bool((fit.omega >= 0).all())

@@ -165,3 +165,35 @@ def test_tensors_poisoned_after_construction_fail_before_training() -> None:
         trainer.fit(TrainingCounter(in_features=4, num_classes=3), datamodule=dm)
     assert trainer.global_step == 0
     assert TrainingCounter.steps == 0
+
+
+def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    from lightning_fedcluster.datamodules.digits import load_digits_tensors
+
+    return load_digits_tensors()
+
+
+@pytest.mark.parametrize("image_shape", [(1, 8, 8), None])
+def test_channels_last_images_are_refused_naming_the_permutation(image_shape) -> None:
+    """[N, 8, 8, 1] has the 64 values per sample of image_shape=(1, 8, 8) and was accepted, to
+    fail later inside the model's conv2d."""
+    x, y = _digits_tensors()
+    channels_last = x.reshape(-1, 1, 8, 8).permute(0, 2, 3, 1).contiguous()
+    advice = r"look channels-last \[N, H, W, C\]; permute them to \[N, C, H, W\] with x.permute\(0, 3, 1, 2\)"
+    with pytest.raises(ValueError, match=advice + r" \(shape \[N, 1, 8, 8\]\)"):
+        FederatedDataModule.from_tensors(channels_last, y, num_clients=4, image_shape=image_shape)
+    dm = FederatedDataModule.from_tensors(x.reshape(-1, 1, 8, 8), y, num_clients=4, image_shape=image_shape)
+    assert tuple(dm.train_x.shape[1:]) == (1, 8, 8)  # channels-first passes
+
+
+def test_labels_that_start_at_one_are_named_with_the_remap() -> None:
+    """Labels 1..10 infer num_classes=11; a 10-logit model then read "set the model's output size
+    to 11", where the fix is to remap the labels to 0..9."""
+    x, y = _digits_tensors()
+    dm = FederatedDataModule.from_tensors(x, y + 1, num_clients=4, corrupt_fraction=0.0)
+    assert dm.num_classes == 11
+    trainer = make_trainer(FedAvgStrategy(local_steps=1), max_epochs=1)
+    with pytest.raises(ValueError, match=r"returns 10 logits .* num_classes=11: its labels run from 1 to 10 "
+                                         r"\(no label below 1\), and labels must be class indices 0..C-1\. "
+                                         r"Remap them .* y - 1"):  # fmt: skip
+        trainer.fit(MLPClassifier(), datamodule=dm)

@@ -194,3 +194,31 @@ def test_global_step_counts_the_client_steps_of_unequal_clients_on_both_executor
     batches = [-(-int(n) // dm.batch_size) for n in dm.train_sizes]
     assert len(set(batches)) > 1, batches  # the case: unequal step counts
     assert trainer.global_step == 2 * sum(batches)
+
+
+def test_resuming_with_changed_round_settings_lists_each_change_in_a_warning(tmp_path):
+    """The schedule and server step are the strategy's, not the algorithm's: they were changed
+    silently on resume (only algorithm options were listed)."""
+    path = _round_checkpoint(_strategy("loop"), tmp_path)
+    changed = _strategy("loop", local_steps=3, clients_per_round=6, server_lr=0.5)
+    with pytest.warns(UserWarning, match="resuming FedRC with a changed configuration") as record:
+        make_trainer(changed, max_epochs=2).fit(MLPClassifier(), datamodule=_datamodule(), ckpt_path=path)
+    (message,) = [str(w.message) for w in record if "changed configuration" in str(w.message)]
+    for change in ("clients_per_round: checkpoint 4 → now 6", "local_steps: checkpoint 2 → now 3",
+                   "server_lr: checkpoint 1.0 → now 0.5"):  # fmt: skip
+        assert change in message, message
+    assert "seed" not in message  # unchanged settings are not listed
+
+
+def test_resuming_with_another_number_of_clusters_names_both():
+    """A K=3 checkpoint resumed with K=4 failed on the optimizer's parameter-group counts."""
+    dm = _datamodule()
+    trainer = make_trainer(_strategy("loop", num_clusters=3), max_epochs=1, enable_checkpointing=True)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    path = trainer.checkpoint_callback.best_model_path
+    resumed = make_trainer(_strategy("loop", num_clusters=4), max_epochs=2)
+    with pytest.raises(ValueError, match="the checkpoint has K=3 cluster models, this run K=4: resume with "
+                                         "num_clusters=3"):  # fmt: skip
+        resumed.fit(MLPClassifier(), datamodule=dm, ckpt_path=path)
+    with pytest.raises(ValueError, match="the checkpoint has K=3 cluster models, this run K=4"):
+        resumed.test(MLPClassifier(), datamodule=dm, ckpt_path=path, verbose=False)

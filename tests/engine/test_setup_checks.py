@@ -1,0 +1,103 @@
+"""Warnings before and during training for what the engine accepts but the user likely did not
+mean: more cluster models than clients, hooks of the user's module it never calls, and training
+that stays at chance level (``engine.setup_checks``)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch.nn.functional as F
+
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.engine.setup_checks import CHANCE_ROUNDS, check_chance_level
+from lightning_fedcluster.models import MLPClassifier
+from tests.conftest import make_trainer
+
+
+class LoggingMLP(MLPClassifier):
+    """A user's module written for plain Lightning: its own steps and self.log calls."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("my_train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("my_val_acc", (self(x).argmax(1) == y).float().mean())
+
+
+def _messages(record) -> list[str]:
+    return [str(w.message) for w in record]
+
+
+def test_more_cluster_models_than_clients_warns_before_training():
+    dm = DigitsFederated(num_clients=5, seed=0)
+    trainer = make_trainer(lf.FedRCStrategy(8, local_steps=1), max_epochs=1, limit_val_batches=0)
+    with pytest.warns(UserWarning, match=r"num_clusters=8 but the datamodule has only 5 clients.*<= 5"):
+        trainer.fit(MLPClassifier(), datamodule=dm)
+
+
+def test_the_users_own_steps_and_logs_are_named_as_not_called_with_what_is_used_instead():
+    dm = DigitsFederated(num_clients=4, seed=0)
+    trainer = make_trainer(lf.FedAvgStrategy(local_steps=1), max_epochs=1, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(LoggingMLP(), datamodule=dm)
+    (message,) = [m for m in _messages(record) if "does not call" in m]
+    assert message.startswith("LoggingMLP defines training_step, validation_step, which lightning-fedcluster")
+    assert "self.log calls" in message
+    assert "minimizes the cross-entropy of forward's logits" in message
+    assert "val/local_acc" in message and "Callback" in message
+    assert "my_train_loss" not in trainer.callback_metrics  # indeed never called
+
+
+def test_the_librarys_own_models_and_a_plain_lightning_module_raise_no_such_warning():
+    dm = DigitsFederated(num_clients=4, seed=0)
+    trainer = make_trainer(lf.FedAvgStrategy(local_steps=1), max_epochs=1, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=dm)  # defines training_step for standalone use
+    assert not [m for m in _messages(record) if "does not call" in m or "num_clusters=" in m]
+
+
+def test_a_learning_rate_that_trains_to_chance_warns_once_naming_the_round():
+    """lr=50 collapses the MLP to a constant prediction: the loss stays at log C (it never grows
+    100x, so the divergence check alone was silent)."""
+    strategy = lf.FedRCStrategy(3, clients_per_round=10, local_steps=5)
+    trainer = make_trainer(strategy, max_epochs=6, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(lr=50.0), datamodule=DigitsFederated(seed=0))
+    chance = [m for m in _messages(record) if "chance level" in m]
+    assert len(chance) == 1, chance
+    assert chance[0].startswith(f"round {CHANCE_ROUNDS}: training is at chance level")
+    assert "log 10" in chance[0] and "learning rate" in chance[0]
+
+
+def test_the_quick_start_job_trains_without_the_chance_warning():
+    """The main job's defaults (``fedcluster fit``): FedRC, K=3, 10 of 30 clients, 5 local steps,
+    MLP lr 0.2. Its first rounds are slow (loss 2.28 after one round, log 10 = 2.30) but below
+    chance from the first aggregation on."""
+    strategy = lf.FedRCStrategy(3, clients_per_round=10, local_steps=5, seed=0)
+    trainer = make_trainer(strategy, max_epochs=12, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=30, concepts=3, seed=0))
+    assert not [m for m in _messages(record) if "chance level" in m or "diverging" in m]
+
+
+def test_chance_counting_needs_consecutive_rounds_and_skips_regression_and_round_zero():
+    at_chance = {"train/loss": math.log(10) + 0.01, "train/acc": 0.1}
+    learning = {"train/loss": math.log(10) - 0.02, "train/acc": 0.1}
+    assert check_chance_level(0, at_chance, 0, 10) == 0  # round 0: the untrained models
+    assert check_chance_level(0, at_chance, 1, 10) == 1
+    assert check_chance_level(1, learning, 2, 10) == 0  # below log C: reset
+    assert check_chance_level(1, {"train/loss": 5.0, "train/mse": 1.0}, 2, 0) == 1  # regression
+    with pytest.warns(UserWarning, match=r"round 3: training is at chance level for 3 rounds"):
+        assert check_chance_level(CHANCE_ROUNDS - 1, at_chance, 3, 10) == -1
+    assert check_chance_level(-1, at_chance, 4, 10) == -1  # once
