@@ -475,8 +475,9 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    from _common import machine_line
+    from _common import machine_line, set_clock
 
+    set_clock("cpu")  # both sides' rounds were timed with time.process_time
     print(machine_line())
     print(f"{args.algorithm}: library vs authors, same clients, initial weights, minibatches ({args.data})")
     print(
