@@ -10,16 +10,16 @@ cluster), weight decay 5e-4, batch 128, one local epoch with the partial batch d
     library   FedRCStrategy / FedEMStrategy(local_epochs=1, drop_last=True, executor="loop",
               optimizer_state="persist"); the engine's minibatch permutation is replaced by the
               trace's, and each client's E-step (per-sample losses, γ) is recorded.
-    authors   their ``run_experiment.run_experiment`` unmodified, imported from a checkout given by
-              --authors (never part of this repository), with: the two modules it imports but does
-              not use for these methods (learners.autoencoder, absent from their repository, and
-              cvxpy) replaced by empty modules; ``init_clients`` building their clients and
-              learners with their own functions from the scenario's rows (train rows = their train
-              and E-step rows, local test rows = their test rows; global clients: adapt rows /
-              score rows) instead of their loader's fixed 300 clients and random 90/10 split;
-              training loaders that yield the trace's minibatches; the library's initial weights
-              loaded into every learner; TensorBoard writers off. Their round loop, E-step, local
-              training, aggregation and C update run as published.
+    authors   (``_authors_side.py``) their ``run_experiment.run_experiment`` unmodified, imported
+              from a checkout given by --authors (never part of this repository), with: the two
+              modules it imports but does not use for these methods (learners.autoencoder, absent
+              from their repository, and cvxpy) replaced by empty modules; ``init_clients``
+              building their clients and learners with their own functions from the scenario's
+              rows (train rows = their train and E-step rows, local test rows = their test rows;
+              global clients: adapt rows / score rows) instead of their loader's fixed 300 clients
+              and random 90/10 split; training loaders that yield the trace's minibatches; the
+              library's initial weights loaded into every learner; TensorBoard writers off. Their
+              round loop, E-step, local training, aggregation and C update run as published.
     compare   the round-by-round table: max |Δ| and relative L2 difference of every cluster
               model's weights, max |Δ| of γ, ω, mean γ per cluster, log C_{y,k}, the E-step losses
               and the local (γ-weighted minibatch) losses, and the global accuracy per concept of
@@ -43,7 +43,6 @@ import os
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,8 @@ class LibraryRecorder:
     """Lightning callback: the initial cluster weights, and after every round the global weights,
     ω, log C and each client's E-step losses and γ (captured by ``patched_library``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, perturb: float = 0.0) -> None:
+        self.perturb = perturb
         self.initial: torch.Tensor | None = None
         self.rounds: list[dict[str, Any]] = []
         self.e_steps: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -84,6 +84,12 @@ class LibraryRecorder:
 
     def on_train_start(self, trainer: Any, module: Any) -> None:
         self.initial = self.weights(module)
+        if self.perturb:  # the float-drift control: θ ← θ (1 + ε z), z ~ N(0, 1), after recording θ
+            generator = torch.Generator().manual_seed(19)
+            with torch.no_grad():
+                for k in range(module.num_clusters):
+                    for t in module.copies.cluster_tensors(k):
+                        t.mul_(1 + self.perturb * torch.randn(t.shape, generator=generator).to(t))
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         state = module.client_state
@@ -156,7 +162,7 @@ def library_side(args: argparse.Namespace) -> None:
         K, local_epochs=1, drop_last=True, executor="loop", optimizer_state="persist",
         clients_per_round=None, seed=args.seed,
     )  # fmt: skip
-    recorder = LibraryRecorder()
+    recorder = LibraryRecorder(args.perturb)
     callback = type("Recorder", (pl.Callback,), {})()
     callback.on_train_start = recorder.on_train_start  # type: ignore[method-assign]
     callback.on_train_epoch_end = recorder.on_train_epoch_end  # type: ignore[method-assign]
@@ -168,182 +174,6 @@ def library_side(args: argparse.Namespace) -> None:
     record = {"initial": recorder.initial, "rounds": recorder.rounds, "seed": manifest["seed"]}
     torch.save(record, out / "library.pt")
     print(f"library: {len(recorder.rounds)} rounds recorded in {out / 'library.pt'}", flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# authors' side (child process)
-
-
-class StopTrace(Exception):
-    pass
-
-
-def authors_side(args: argparse.Namespace) -> None:
-    """Their run_experiment on the trace's clients; see the module docstring for what is replaced."""
-    torch.set_num_threads(1)
-    data, out = Path(args.data).resolve(), Path(args.out).resolve()
-    manifest = json.loads((data / "manifest.json").read_text())
-    library = torch.load(out / "library.pt")
-    initial: torch.Tensor = library["initial"]
-    work = out / "authors-cwd"
-    (work / "logs" / "fmnist-c").mkdir(parents=True, exist_ok=True)
-    os.chdir(work)
-    sys.path.insert(0, str(Path(args.authors).resolve()))
-    for name in ("learners.autoencoder", "cvxpy"):
-        sys.modules[name] = types.ModuleType(name)
-    import pickle
-
-    import run_experiment as rx  # the authors' module
-    from torch.utils.data import DataLoader, Sampler
-
-    class Round:
-        index = 0
-
-    class TraceBatches(Sampler):
-        """Their training loader's batches: the trace's permutation of this round, full batches."""
-
-        def __init__(self, client: int, n: int) -> None:
-            self.client, self.n = client, n
-
-        def __len__(self) -> int:
-            return self.n // BATCH
-
-        def __iter__(self) -> Iterator[list[int]]:
-            order = trace_order(args.seed, Round.index, self.client, self.n).tolist()
-            for b in range(len(self)):
-                yield order[b * BATCH : (b + 1) * BATCH]
-
-    class NoWriter:
-        def __init__(self, *a: Any, **k: Any) -> None:
-            pass
-
-        def add_scalar(self, *a: Any, **k: Any) -> None:
-            pass
-
-    original_ensemble = rx.get_learners_ensemble
-
-    def ensemble_with_library_init(*a: Any, **kw: Any) -> Any:
-        ensemble = original_ensemble(*a, **kw)
-        for k, learner in enumerate(ensemble.learners):
-            params = list(learner.model.parameters())
-            if sum(p.numel() for p in params) != initial.shape[1]:
-                raise SystemExit("the authors' model and the library's FashionCNN differ in size")
-            torch.nn.utils.vector_to_parameters(initial[k].clone(), params)
-        return ensemble
-
-    def loaders(images: Any, labels: Any, train: range, test: range, client: int | None) -> tuple:
-        make = rx.SubFEMNISTC
-        train_set, test_set = make(list(train), images, labels), make(list(test), images, labels)
-        val_set = make(list(train), images, labels)
-        if client is None:  # a global client: never trained
-            train_loader = DataLoader(train_set, batch_size=BATCH, shuffle=False, drop_last=True)
-        else:
-            train_loader = DataLoader(train_set, batch_sampler=TraceBatches(client, len(train)))
-        return (
-            train_loader,
-            DataLoader(val_set, batch_size=BATCH, shuffle=False),
-            DataLoader(test_set, batch_size=BATCH, shuffle=False),
-        )
-
-    def init_clients(args_: Any, root_path: str, logs_dir: str) -> list[Any]:
-        test = "test" in root_path
-        entries = manifest["global"] if test else manifest["clients"]
-        clients = []
-        for i, entry in enumerate(entries):
-            record = pickle.loads((data / entry["file"]).read_bytes())
-            n_train = entry["adapt"] if test else entry["train"]
-            n_all = len(record["labels"])
-            rows = (range(n_train), range(n_train, n_all))
-            its = loaders(record["images"], record["labels"], *rows, None if test else i)
-            ensemble = rx.get_learners_ensemble(
-                n_learners=args_.n_learners, client_type=rx.CLIENT_TYPE[args_.method], name=args_.experiment,
-                device=args_.device, optimizer_name=args_.optimizer, scheduler_name=args_.lr_scheduler,
-                initial_lr=args_.lr, input_dim=None, output_dim=None, n_rounds=args_.n_rounds,
-                seed=args_.seed, mu=args_.mu, n_gmm=args_.n_gmm, embedding_dim=None,
-                hard_cluster=args_.hard_cluster, binary=args_.binary, phi_model=args_.phi_model,
-            )  # fmt: skip
-            clients.append(
-                rx.get_client(
-                    client_type=rx.CLIENT_TYPE[args_.method], learners_ensemble=ensemble, q=args_.q,
-                    train_iterator=its[0], val_iterator=its[1], test_iterator=its[2], logger=NoWriter(),
-                    local_steps=args_.local_steps, tune_locally=False, data_type=record["type"],
-                    feature_type=[0] * n_all, class_number=10,
-                )
-            )  # fmt: skip
-        return clients
-
-    stash: dict[int, torch.Tensor] = {}
-    ensemble_class = rx.LearnersEnsemble
-    original_gather = ensemble_class.gather_losses
-
-    def gather_losses(self: Any, iterator: Any) -> torch.Tensor:
-        losses = original_gather(self, iterator)
-        stash[id(self)] = losses.detach().clone()
-        return losses
-
-    rounds: list[dict[str, Any]] = []
-    aggregator_class = rx.CentralizedAggregator
-    original_mix = aggregator_class.mix
-    clock = [time.process_time()]
-
-    def weights_of(client: Any) -> torch.Tensor:
-        return torch.as_tensor(client.learners_ensemble.learners_weights).float()
-
-    def record(aggregator: Any) -> None:
-        clients = aggregator.clients
-        global_learners = aggregator.global_learners_ensemble.learners
-        learners0 = clients[0].learners_ensemble.learners
-        accuracies = []
-        for g in aggregator.test_clients:
-            _, acc = g.learners_ensemble.evaluate_iterator(g.test_iterator)
-            accuracies.append(float(acc))
-        now = time.process_time()
-        rounds.append(
-            {
-                "weights": torch.stack([flat(learner.model.parameters()) for learner in global_learners]),
-                "omega": torch.stack([weights_of(c) for c in clients]),
-                "log_c": torch.log(torch.tensor([list(map(float, lr.labels_weights)) for lr in learners0])).T,
-                "losses": [stash[id(c.learners_ensemble)].T.float().clone() for c in clients],
-                "gamma": [c.samples_weights.T.float().clone() for c in clients],
-                "their_acc": accuracies,
-                "their_test_omega": [weights_of(g) for g in aggregator.test_clients],
-                "cpu_s": now - clock[0],
-            }
-        )  # fmt: skip
-        clock[0] = now
-
-    def mix(self: Any, *a: Any, **kw: Any) -> Any:
-        if self.c_round > 0:
-            record(self)
-            print(f"authors: round {self.c_round} recorded", flush=True)
-            if self.c_round == args.rounds:
-                raise StopTrace
-        Round.index = self.c_round
-        return original_mix(self, *a, **kw)
-
-    rx.get_learners_ensemble = ensemble_with_library_init
-    rx.init_clients = init_clients
-    rx.get_data_dir = lambda experiment: "data/fmnist-c"
-    rx.SummaryWriter = NoWriter
-    ensemble_class.gather_losses = gather_losses
-    aggregator_class.mix = mix
-    namespace = argparse.Namespace(
-        experiment="fmnist-c", method=METHODS[args.algorithm], n_learners=K, n_rounds=args.rounds, bz=BATCH,
-        lr=LR, lr_scheduler="constant", optimizer="sgd", local_steps=1, log_freq=1, device="cpu",
-        seed=args.authors_seed, sampling_rate=1.0, mu=0, n_gmm=1, embedding_dimension=None,
-        hard_cluster=False, binary=False, phi_model=False, split=False, decentralized=False, lr_lambda=0.0,
-        q=1.0, communication_probability=0.1, verbose=0, suffix="trace", domain_disc=False, em_step=1,
-        gamma=0.05, validation=False, locally_tune_clients=False, input_dimension=None,
-        output_dimension=None, logs_dir=str(work / "logs" / "trace"),
-    )  # fmt: skip
-    rx.args = namespace  # run_experiment reads the module-level `args` once (args.phi_model)
-    with open(work / "stdout.txt", "w") as log, contextlib.redirect_stdout(log):
-        try:
-            rx.run_experiment(namespace)
-        except StopTrace:
-            pass
-    torch.save({"rounds": rounds}, out / "authors.pt")
-    print(f"authors: {len(rounds)} rounds recorded in {out / 'authors.pt'}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,12 +252,14 @@ def local_losses(rec: dict[str, Any], seed: int, round_index: int) -> torch.Tens
 
 def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = Path(args.out)
-    lib, aut = torch.load(out / "library.pt"), torch.load(out / "authors.pt")
+    lib = torch.load(out / "library.pt")
+    aut = torch.load(args.against or out / "authors.pt")
     scorer = Scorer(Path(args.data), args.algorithm)
     sizes = torch.tensor([g.shape[0] for g in lib["rounds"][0]["gamma"]], dtype=torch.float64)
     first = scorer.outputs(lib["initial"])
     uniform = [torch.full((K,), 1.0 / K, dtype=torch.float64)] * len(first)
     their_omega_lib = Scorer.authors_rule(first, uniform)  # their evaluation at aggregator start
+    their_omega_aut = their_omega_lib
     rows = []
     for t, (L, A) in enumerate(zip(lib["rounds"], aut["rounds"], strict=False)):
         diff = L["weights"].double() - A["weights"].double()
@@ -435,6 +267,7 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
         mean_gamma = [cluster_shares(r["gamma"], sizes) for r in (L, A)]
         lib_out, aut_out = scorer.outputs(L["weights"]), scorer.outputs(A["weights"])
         their_omega_lib = Scorer.authors_rule(lib_out, their_omega_lib)
+        their_omega_aut = Scorer.authors_rule(aut_out, their_omega_aut)
         row = {
             "round": t + 1,
             "w_abs": float(diff.abs().max()),
@@ -449,17 +282,26 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
             "acc_lib": scorer.accuracy(lib_out, scorer.library_rule(lib_out, L["log_c"])),
             "acc_aut": scorer.accuracy(aut_out, scorer.library_rule(aut_out, A["log_c"])),
             "their_lib": scorer.accuracy(lib_out, their_omega_lib),
-            "their_aut": A["their_acc"],
+            "their_aut": A.get("their_acc", scorer.accuracy(aut_out, their_omega_aut)),
             "cpu_lib": L["cpu_s"],
             "cpu_aut": A["cpu_s"],
         }
         rows.append(row)
     print_table(rows, args)
+    cpu = [float(np.median([r[key] for r in rows])) for key in ("cpu_lib", "cpu_aut")]
+    print(
+        f"CPU seconds per round, median (one torch thread): library {cpu[0]:.1f}, other side {cpu[1]:.1f} "
+        "(the authors' round includes their per-round evaluation of every client)"
+    )
     (out / "table.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    from _common import machine_line, set_clock
+
+    set_clock("cpu")  # both sides' rounds were timed with time.process_time
+    print(machine_line())
     print(f"{args.algorithm}: library vs authors, same clients, initial weights, minibatches ({args.data})")
     print(
         "max |Δ| of: w = cluster weights (rel = max_k ‖Δθ_k‖/‖θ_k‖), γ, ω, mean γ per cluster, log C, "
@@ -470,7 +312,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print("".join(f"{n:>11}" for n in names))
     for r in rows:
         keys = ("w_abs", "w_rel", "gamma", "omega", "mean_gamma", "log_c", "loss", "local")
-        cells = [f"{r['round']}"] + [f"{r[key]:.1e}" for key in keys]
+        cells = [f"{r['round']}"] + [f"{r[key]:.1e}" if r[key] == r[key] else "n/a" for key in keys]
         cells.append(f"{100 * np.mean(r['acc_lib']):.1f}/{100 * np.mean(r['acc_aut']):.1f}")
         cells.append(f"{100 * np.mean(r['their_lib']):.1f}/{100 * np.mean(r['their_aut']):.1f}")
         print("".join(f"{c:>11}" for c in cells))
@@ -486,12 +328,16 @@ def main() -> None:
     parser.add_argument("--algorithm", choices=tuple(METHODS), default="fedrc")
     parser.add_argument("--seed", type=int, default=0, help="the library's seed and the minibatch orders'")
     parser.add_argument("--authors-seed", type=int, default=1234, help="their --seed (client order only)")
+    parser.add_argument("--perturb", type=float, default=0.0, help="library: ε of the float-drift control")
+    parser.add_argument("--against", help="compare: another library.pt in place of the authors' trace")
     args = parser.parse_args()
     if args.command in ("run", "authors") and not args.authors:
         parser.error("--authors DIR is needed to run the authors' side")
     if args.command in ("run", "library"):
         library_side(args)
     if args.command == "authors":
+        from _authors_side import authors_side
+
         authors_side(args)
     if args.command == "run":
         command = [sys.executable, __file__, "authors", *sys.argv[2:]]
