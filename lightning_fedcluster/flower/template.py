@@ -109,7 +109,7 @@ for ((i = 0; i < nodes; i++)); do
     rm -f "keys/supernode-$i" "keys/supernode-$i.pub"
     ssh-keygen -q -t ecdsa -b 384 -N "" -C "supernode-$i" -f "keys/supernode-$i"
 done
-chmod 600 certificates/*.key keys/supernode-*
+chmod 600 certificates/*.key
 echo "certificates/: ca.crt (give it to every machine), server.pem + server.key (SuperLink only)"
 echo "keys/: supernode-<i> (SuperNode i only) and supernode-<i>.pub (register on the SuperLink)"
 """
@@ -130,13 +130,21 @@ lightning-fedcluster's `docs/how-to/flower.md`, "Deploying".
 3. Follow the commands of the guide: a `fedcluster` connection in `$FLWR_HOME/config.toml`, the
    SuperLink, registering each SuperNode's public key, the SuperNodes, `flwr run`.
 
-The trained models land in `run.pt` beside the SuperLink; load them with
-`lightning_fedcluster.flower.load_flower_run("run.pt", fedcluster_app.strategy(), fedcluster_app.model())`.
+The trained models land in `run.pt` beside the SuperLink (`torch.load`: the global models'
+`state_dict`, the server's client store and the round metrics).
 For a local try without certificates, start everything with `--insecure` (and
 `insecure = true` in the connection) instead of the TLS and key options.
 """
 
+GITIGNORE = """\
+# Private keys and certificates stay out of version control (Flower's app bundle skips them too).
+certificates/
+keys/
+run.pt
+"""
+
 FILES = {
+    ".gitignore": GITIGNORE,
     "pyproject.toml": PYPROJECT,
     "fedcluster_app.py": APP,
     "certificates.sh": CERTIFICATES,
