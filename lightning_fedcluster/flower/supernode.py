@@ -123,7 +123,7 @@ class ClientAppRunner:
             message, context, run, fab = pull_task_input(client)
             pulled = time.perf_counter()
             reply = self.load(fab, run)(message=message, context=context)
-            log.info("task: pull %.3f s, app %.3f s", pulled - started, time.perf_counter() - pulled)
+            log.debug("task: pull %.3f s, app %.3f s", pulled - started, time.perf_counter() - pulled)
             status, details = SubStatus.COMPLETED, ""
         except Exception as error:  # reported to the server as the node's error reply
             log.exception("the ClientApp raised an exception")
@@ -141,7 +141,7 @@ class ClientAppRunner:
                 heartbeat.stop()
                 client.close()
                 self.tasks += 1
-                log.info("task done in %.3f s", time.perf_counter() - started)
+                log.debug("task done in %.3f s", time.perf_counter() - started)
 
 
 def pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
@@ -178,7 +178,7 @@ def pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
         return_type=Message,
     )
     message.metadata.__dict__["_message_id"] = tree.object_id  # as flwr-clientapp sets it
-    log.info("pull: input %.3f, messages %.3f, objects %.3f", t1 - t0, t2 - t1, time.perf_counter() - t2)
+    log.debug("pull: input %.3f, messages %.3f, objects %.3f", t1 - t0, t2 - t1, time.perf_counter() - t2)
     return message, context, run, fab
 
 
