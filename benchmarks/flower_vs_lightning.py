@@ -6,7 +6,11 @@ steps of batch 32, the library's MLP. The Flower run uses ``--supernodes`` simul
 Flower's Ray runtime with ``--cpus`` CPUs. Steady-state rounds/s excludes the first round;
 "start + end" is the rest of the wall time (process start-up, Ray, the nodes' describe/export).
 
-    OMP_NUM_THREADS=1 python benchmarks/flower_vs_lightning.py --rounds 10
+``--deployed`` adds a localhost deployment of the same workload: ``flower-superlink``, two
+``fedcluster flower supernode`` processes (``--insecure``: a local try) and ``flwr run --stream``;
+its seconds per round are the server's progress lines.
+
+    OMP_NUM_THREADS=1 python benchmarks/flower_vs_lightning.py --rounds 10 --deployed
 """
 
 from __future__ import annotations
@@ -55,6 +59,85 @@ def flower(rounds: int, supernodes: int, cpus: int) -> tuple[list[float], float,
     return apps.server.round_seconds, total, module.state_dict()
 
 
+APP = """
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.flower import FlowerApps
+from lightning_fedcluster.models import MLPClassifier
+
+apps = FlowerApps(
+    lambda: lf.FedRCStrategy(3, clients_per_round=10, local_steps=5, executor="loop", seed=0),
+    lambda: MLPClassifier(lr=0.2),
+    lambda: DigitsFederated(num_clients=30, concepts=3, seed=0, batch_size=32),
+)
+server = apps.server_app()
+client = apps.client_app()
+"""
+
+
+def deployed(rounds: int) -> tuple[list[float], float, dict]:
+    """The workload on a localhost SuperLink and two ``fedcluster flower supernode`` processes."""
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from lightning_fedcluster.flower.template import write_app
+
+    def port() -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return str(s.getsockname()[1])
+
+    root = Path(tempfile.mkdtemp(prefix="fedcluster-deployed-"))
+    app, link = root / "bench_app", port()
+    write_app(app)
+    (app / "fedcluster_app.py").write_text(APP)
+    (root / "home").mkdir()
+    (root / "home" / "config.toml").write_text(
+        f'[superlink.bench]\naddress = "127.0.0.1:{link}"\ninsecure = true\n'
+    )
+    here = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "FLWR_HOME": str(root / "home"), "FLWR_TELEMETRY_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    bin_dir = Path(sys.executable).parent
+    superlink = [str(bin_dir / "flower-superlink"), "--insecure", "--port", link]
+    commands = [
+        [*superlink, "--disable-runtime-dependency-installation"],
+        *[[str(bin_dir / "fedcluster"), "flower", "supernode", "--insecure", "--superlink",
+           f"127.0.0.1:{link}", "--port", port(), "--node-config", f"partition-id={i} num-partitions=2"]
+          for i in range(2)],
+    ]  # fmt: skip
+    processes = [
+        subprocess.Popen(c, cwd=app, env=env, stdout=open(root / f"{n}.log", "w"), stderr=subprocess.STDOUT,
+                         start_new_session=True)
+        for n, c in enumerate(commands)
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while (root / "0.log").read_text().count("Activated node_id") < 2:
+            assert time.monotonic() < deadline, (root / "0.log").read_text()[-3000:]
+            time.sleep(0.5)
+        start = time.perf_counter()
+        done = subprocess.run(
+            [str(bin_dir / "flwr"), "run", ".", "bench", "--stream", "--run-config",
+             f"num-server-rounds={rounds} eval-every=0 round-timeout=0"],
+            cwd=app, env=env, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        total = time.perf_counter() - start
+    finally:
+        for process in processes:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    seconds = [float(s) for s in re.findall(r"fedcluster: round \d+/\d+, .*, ([\d.]+) s", done.stdout)]
+    assert len(seconds) == rounds, done.stdout[-3000:] + done.stderr[-3000:]
+    weights = torch.load(app / "run.pt")["state_dict"]
+    return seconds, total, weights
+
+
 def row(name: str, seconds: list[float], total: float) -> str:
     steady = seconds[1:] or seconds
     mean = statistics.mean(steady)
@@ -67,6 +150,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--supernodes", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--deployed", action="store_true", help="also a localhost Flower deployment")
     args = parser.parse_args()
     set_threads(1)
     quiet()
@@ -74,12 +158,19 @@ def main() -> None:
     light_rounds, light_total, light_weights = lightning(args.rounds)
     flower_rounds, flower_total, flower_weights = flower(args.rounds, args.supernodes, args.cpus)
     gap = max(float((flower_weights[k] - v).abs().max()) for k, v in light_weights.items())
+    if args.deployed:
+        deployed_rounds, deployed_total, deployed_weights = deployed(args.rounds)
+        deployed_gap = max(float((deployed_weights[k] - v).abs().max()) for k, v in light_weights.items())
     print(machine_line())
     print(f"command: {command_line()}")
     print(f"{'':<34}{'rounds/s':>10}{'s/round':>10}{'round 1':>10}{'start + end':>14}{'total':>10}")
     print(row("Lightning engine (loop)", light_rounds, light_total))
     print(row(f"Flower simulation ({args.supernodes} nodes, {args.cpus} CPUs)", flower_rounds, flower_total))
+    if args.deployed:
+        print(row("Flower deployed (2 supernodes)", deployed_rounds, deployed_total))
     print(f"max |weight difference| after {args.rounds} rounds: {gap:.2e}")
+    if args.deployed:
+        print(f"max |weight difference|, deployed vs Lightning: {deployed_gap:.2e}")
 
 
 if __name__ == "__main__":

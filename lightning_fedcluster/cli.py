@@ -256,7 +256,12 @@ def run_cli(args: ArgsType = None) -> FedClusterCLI:
 
 def main() -> None:
     """Console entry point (``fedcluster``). The working directory is importable, as under
-    ``python -m``, so ``--model mymodels.MyNet`` finds ``./mymodels.py``."""
+    ``python -m``, so ``--model mymodels.MyNet`` finds ``./mymodels.py``. ``fedcluster flower ...``
+    is the Flower deployment's commands (``lightning_fedcluster.flower.commands``)."""
+    if sys.argv[1:2] == ["flower"]:
+        from lightning_fedcluster.flower.commands import main as flower
+
+        sys.exit(flower(sys.argv[2:]))
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     run_cli()

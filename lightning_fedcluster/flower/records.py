@@ -3,20 +3,46 @@ reports, and a node's client store (kept in ``context.state``)."""
 
 from __future__ import annotations
 
+import json
+import math
+
+import torch
 from flwr.app import ArrayRecord
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import Snapshot
 
+LAYOUT = "layout"
+
 
 def to_record(tensors: dict[str, Tensor]) -> ArrayRecord:
-    """Tensors as an ArrayRecord (moved to the CPU; dtypes and shapes kept)."""
-    return ArrayRecord({name: t.detach().cpu().contiguous() for name, t in tensors.items()})
+    """Tensors as an ArrayRecord (moved to the CPU; dtypes, shapes and values kept bit for bit),
+    packed as one flat array per dtype plus their layout: a deployment moves every array as
+    its own object, one request per hop, so a message costs a few requests, not one per tensor."""
+    groups: dict[str, list[Tensor]] = {}
+    layout = []
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().cpu()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        layout.append([name, dtype, list(tensor.shape)])
+        groups.setdefault(dtype, []).append(tensor.reshape(-1))
+    arrays = {dtype: torch.cat(parts) for dtype, parts in groups.items()}
+    arrays[LAYOUT] = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
+    return ArrayRecord(arrays)
 
 
 def from_record(record: ArrayRecord) -> dict[str, Tensor]:
-    return {name: t.clone() for name, t in record.to_torch_state_dict().items()}
+    arrays = record.to_torch_state_dict()
+    layout = json.loads(bytes(arrays.pop(LAYOUT).tolist()).decode())
+    offsets = dict.fromkeys(arrays, 0)
+    tensors = {}
+    for name, dtype, shape in layout:
+        size = math.prod(shape)
+        start = offsets[dtype]
+        tensors[name] = arrays[dtype][start : start + size].reshape(shape).clone()
+        offsets[dtype] = start + size
+    return tensors
 
 
 def snapshot_tensors(snapshot: Snapshot, prefix: str = "") -> dict[str, Tensor]:

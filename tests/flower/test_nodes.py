@@ -108,9 +108,7 @@ def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
     apps.node_factory = lambda: FlowerApps(  # the nodes' app builds FedRC with K=2
         lambda: lf.FedRCStrategy(2), workload.make_module, workload.make_datamodule
     ).node_factory()
-    with pytest.raises(
-        RuntimeError, match="the server trains K=3 cluster models but this node's FedRC "
-    ):
+    with pytest.raises(RuntimeError, match="the server trains K=3 cluster models but this node's FedRC "):
         run_local(apps, partitions(2))
 
 
