@@ -14,7 +14,6 @@ again.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,9 @@ from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store
+from lightning_fedcluster.flower.messaging import exchange, is_deployment, node_error
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
+from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
 
 log = logging.getLogger("lightning_fedcluster.flower")
 
@@ -65,75 +66,6 @@ class Federation:
     @property
     def offsets(self) -> Tensor:
         return torch.cat([torch.zeros(1, dtype=torch.long), self.sizes.cumsum(0)])
-
-
-def node_error(reply: Message) -> str:
-    return reply.error.reason if reply.has_error() else ""
-
-
-def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> list[tuple[int, Message]]:
-    """Send ``messages`` and return (node, reply) pairs. The node comes from the message a reply
-    answers: the SuperLink itself signs the error reply of a node that went away."""
-    if not messages:
-        return []
-    if is_deployment(grid):
-        replies = poll_replies(grid, messages, timeout)
-    else:
-        replies = list(grid.send_and_receive(messages, timeout=timeout))
-    node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids set when pushed
-    return [(node_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
-
-
-def is_deployment(grid: Grid) -> bool:
-    """A SuperLink's grid (``flwr run`` on a deployment), whose ``send_and_receive`` waits 3 s
-    between its pulls: ``exchange`` polls it itself."""
-    try:
-        from flwr.superlink.grid.http_grid import HttpGrid
-    except ImportError:  # pragma: no cover - another flwr layout: its own send_and_receive
-        return False
-    return isinstance(grid, HttpGrid)
-
-
-def poll_replies(grid: Grid, messages: list[Message], timeout: float | None) -> list[Message]:
-    """``send_and_receive`` with pulls 5 ms apart, growing to 0.2 s: a deployed round is not
-    rounded up to Flower's 3 s pull interval."""
-    pending = set(grid.push_messages(messages))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    replies: list[Message] = []
-    wait = 0.005
-    while pending:
-        found = list(grid.pull_messages(pending))
-        replies.extend(found)
-        pending -= {reply.metadata.reply_to_message_id for reply in found}
-        if not pending or (deadline is not None and time.monotonic() > deadline):
-            break
-        time.sleep(wait)
-        wait = min(2 * wait, 0.2)
-    return replies
-
-
-def progress_line(round_index: int, num_rounds: int, metrics: dict[str, float], seconds: float) -> str:
-    """The server's line per round: round, clients, training loss and accuracy, validation, time."""
-    parts = [f"round {round_index + 1}/{num_rounds}"]
-    if "train/clients" in metrics:
-        parts.append(f"{int(metrics['train/clients'])} clients")
-    for name, label in (("train/loss", "loss"), ("train/acc", "acc"), ("train/mse", "mse")):
-        if name in metrics:
-            parts.append(f"{label} {metrics[name]:.4f}")
-    parts += [f"{name} {value:.4f}" for name, value in metrics.items() if name.startswith("val/")]
-    parts.append(f"{seconds:.2f} s")
-    return ", ".join(parts)
-
-
-def console_logging() -> None:
-    """The library's log lines (INFO and up) on the ServerApp's stdout, which Flower streams to
-    ``flwr run --stream``; once per process, and only when no handler is configured."""
-    if not log.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(levelname)s : fedcluster: %(message)s"))
-        log.addHandler(handler)
-    if log.getEffectiveLevel() > logging.INFO:
-        log.setLevel(logging.INFO)
 
 
 class FlowerServer:
@@ -437,11 +369,3 @@ class FlowerServer:
             stored = records.from_record(reply.content["store"])
             clients = records.from_record(reply.content["node"])["clients"]
             merge_store(self.rule, state, stored, clients, offsets, self.pushed)
-
-
-def writer_for(log_dir: str | None) -> Any:
-    if log_dir is None:
-        return None
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(log_dir)

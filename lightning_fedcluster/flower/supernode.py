@@ -224,7 +224,7 @@ def main(argv: list[str]) -> None:
         ca = flower_args.ssl_ca_certfile or flower_args.root_certificates
         root_certificates = open(ca, "rb").read() if ca else None  # noqa: SIM115 - read at once
     from lightning_fedcluster.flower.pacing import quick
-    from lightning_fedcluster.flower.server import console_logging
+    from lightning_fedcluster.flower.reporting import console_logging
 
     console_logging()
     pace = Pace(ours.poll_interval, ours.busy_window)

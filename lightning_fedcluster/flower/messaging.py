@@ -1,0 +1,55 @@
+"""How the Flower server talks to its nodes: send messages and collect the replies (polling a
+deployment's SuperLink with a short backoff instead of Flower's fixed sleeps), and read a
+node's error."""
+
+from __future__ import annotations
+
+import time
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+
+def node_error(reply: Message) -> str:
+    return reply.error.reason if reply.has_error() else ""
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> list[tuple[int, Message]]:
+    """Send ``messages`` and return (node, reply) pairs. The node comes from the message a reply
+    answers: the SuperLink itself signs the error reply of a node that went away."""
+    if not messages:
+        return []
+    if is_deployment(grid):
+        replies = poll_replies(grid, messages, timeout)
+    else:
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+    node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # ids set when pushed
+    return [(node_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id), r) for r in replies]
+
+
+def is_deployment(grid: Grid) -> bool:
+    """A SuperLink's grid (``flwr run`` on a deployment), whose ``send_and_receive`` waits 3 s
+    between its pulls: ``exchange`` polls it itself."""
+    try:
+        from flwr.superlink.grid.http_grid import HttpGrid
+    except ImportError:  # pragma: no cover - another flwr layout: its own send_and_receive
+        return False
+    return isinstance(grid, HttpGrid)
+
+
+def poll_replies(grid: Grid, messages: list[Message], timeout: float | None) -> list[Message]:
+    """``send_and_receive`` with pulls 5 ms apart, growing to 0.2 s: a deployed round is not
+    rounded up to Flower's 3 s pull interval."""
+    pending = set(grid.push_messages(messages))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    wait = 0.005
+    while pending:
+        found = list(grid.pull_messages(pending))
+        replies.extend(found)
+        pending -= {reply.metadata.reply_to_message_id for reply in found}
+        if not pending or (deadline is not None and time.monotonic() > deadline):
+            break
+        time.sleep(wait)
+        wait = min(2 * wait, 0.2)
+    return replies
