@@ -168,7 +168,7 @@ def test_tensors_poisoned_after_construction_fail_before_training() -> None:
 
 
 def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
-    from lightning_fedcluster.datamodules.digits import load_digits_tensors
+    from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 
     return load_digits_tensors()
 
