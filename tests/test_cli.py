@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning_fedcluster.callbacks import DataSummary, RoundProgressBar
 from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS, log_location, run_cli
 
-ROOT = Path(__file__).parent.parent.parent
+ROOT = Path(__file__).parent.parent
 
 
 def test_fit_prints_the_results_table_and_writes_tensorboard_logs(tmp_path, capsys):
