@@ -1,20 +1,29 @@
-"""The `fedcluster` command: defaults are the main job; `fit` ends with the results table."""
+"""cli.py: the ``fedcluster`` command: defaults are the main job; ``fit`` ends with the results table;
+a user's model and data files (.pt / .npz) from the command line."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_fedcluster.callbacks import DataSummary, RoundProgressBar
+from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, RoundProgressBar
 from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS, log_location, run_cli
+from lightning_fedcluster.datamodules import DigitsFederated, FederatedDataModule, TensorFileFederated
+from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
+from lightning_fedcluster.datamodules.datasets.tensor_file import as_images
+from lightning_fedcluster.models import SmallCNN
 
 ROOT = Path(__file__).parent.parent
 
@@ -81,7 +90,7 @@ def small(root: Path) -> list[str]:
 
 
 def test_a_user_model_starts_from_its_own_defaults(tmp_path):
-    cli = run_cli(["fit", "--model", "tests.integration.test_cli.TinyNet",
+    cli = run_cli(["fit", "--model", "tests.test_cli.TinyNet",
                    *small(tmp_path)])
     assert type(cli.model) is TinyNet
     assert own_arguments(cli.model) == {"hidden": 7, "lr": 0.05, "dropout": 0.0}  # not hidden=[128], lr=0.2
@@ -92,7 +101,7 @@ def test_a_user_model_starts_from_its_own_defaults(tmp_path):
 
 def test_a_user_model_from_a_config_file_starts_from_its_own_defaults(tmp_path):
     config = tmp_path / "my.yaml"
-    config.write_text("model:\n  class_path: tests.integration.test_cli.TinyNet\n  init_args: {hidden: 5}\n")
+    config.write_text("model:\n  class_path: tests.test_cli.TinyNet\n  init_args: {hidden: 5}\n")
     cli = run_cli(["fit", "--config", str(config), "--trainer.logger=false", *small(tmp_path)])
     assert own_arguments(cli.model) == {"hidden": 5, "lr": 0.05, "dropout": 0.0}
 
@@ -138,3 +147,177 @@ def test_fast_dev_run_is_one_round_with_real_validation_and_test_numbers(tmp_pat
     # every unseen client is scored (a test pass cut after one item scored none of them: 0.0)
     assert 0.0 < float(metrics["test/global_acc"]) <= 1.0 and 0.0 < float(metrics["test/local_acc"]) <= 1.0
     assert "fast_dev_run: nothing was logged or checkpointed." in capsys.readouterr().out
+
+
+def test_the_cli_without_a_logger_prints_real_numbers_and_no_logger_warning(tmp_path, capsys) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_cli(
+            [
+                "fit",
+                "--trainer.logger=false",
+                "--trainer.max_epochs=1",
+                "--data.init_args.num_clients=10",
+                "--trainer.enable_progress_bar=false",
+                f"--trainer.default_root_dir={tmp_path}",
+            ]
+        )
+    assert not [w for w in caught if "logger=True" in str(w.message)]
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith("global accuracy"))
+    assert 0.0 < float(row.split()[-1]) <= 1.0  # not nan: the test metrics reach the table
+
+
+USER_CNN = """
+import torch
+from lightning.pytorch import LightningModule
+
+
+class DigitCNN(LightningModule):
+    def __init__(self, channels: int = 4, lr: float = 0.1):
+        super().__init__()
+        self.save_hyperparameters()
+        self.conv = torch.nn.Conv2d(1, channels, 3, padding=1)
+        self.head = torch.nn.Linear(channels * 64, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+"""
+
+
+def quick(root: Path) -> list[str]:
+    """One round of 10 clients (5 per round), nothing written outside ``root``."""
+    return ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false",
+            "--trainer.strategy.init_args.clients_per_round=5",
+            f"--trainer.default_root_dir={root}"]  # fmt: skip
+
+
+def test_the_console_script_imports_the_model_from_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "mymodels.py").write_text(USER_CNN)
+    script = Path(sys.executable).parent / "fedcluster"
+    assert script.exists(), f"no console script at {script}: install the package (pip install -e .)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # the package, not tmp_path
+    args = [str(script), "fit", "--model", "mymodels.DigitCNN", "--model.channels", "3",
+            "--data.init_args.as_images=true", "--data.init_args.num_clients=10", "--trainer.logger=false",
+            *quick(tmp_path)]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "global accuracy" in done.stdout
+
+
+def test_a_convolutional_model_on_flat_rows_stops_before_training_naming_as_images(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"serves flat inputs \(\d+, 64\).*as_images=true"):
+        run_cli(["fit", "--model", "SmallCNN", "--data.init_args.num_clients=10", "--trainer.logger=false",
+                 *quick(tmp_path)])  # fmt: skip
+    with pytest.raises(ValueError, match="SmallCNN needs image inputs"):
+        SmallCNN()(torch.zeros(2, 64))
+
+
+def test_digits_as_images_are_the_same_scenario_reshaped() -> None:
+    flat = DigitsFederated(num_clients=10, seed=3)
+    images = DigitsFederated(num_clients=10, seed=3, as_images=True)
+    assert images.train_x.shape[1:] == (1, 8, 8)
+    assert torch.equal(images.train_x.reshape(-1, 64), flat.train_x)
+    assert torch.equal(images.train_offsets, flat.train_offsets) and torch.equal(images.test_y, flat.test_y)
+    assert torch.equal(images.metadata.concept, flat.metadata.concept)
+    assert SmallCNN()(images.train_x[:3]).shape == (3, 10)
+
+
+@pytest.fixture(scope="module")
+def digit_bytes() -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits as uint8 pixels (0..16 scaled to 0..240) and their labels."""
+    x, y = load_digits_tensors()
+    return (x * 240).round().to(torch.uint8), y
+
+
+def test_data_from_a_pt_file_is_the_from_tensors_scenario(tmp_path: Path, digit_bytes, capsys) -> None:
+    pixels, y = digit_bytes
+    x = pixels.float() / 255
+    path = tmp_path / "digits.pt"
+    torch.save({"x": x, "y": y}, path)
+    cli = run_cli(["fit", "--data", str(path), "--data.num_clients", "12", "--data.concepts", "2",
+                   "--data.corrupt_fraction", "0.25", "--data.image_shape=[1,8,8]", "--model", "SmallCNN",
+                   "--trainer.logger=false", *quick(tmp_path)])  # fmt: skip
+    dm = cli.datamodule
+    assert type(dm) is TensorFileFederated and dm.num_clients == 12
+    assert dm.hparams.dirichlet_alpha == 1.0 and dm.hparams.seed == 0  # its own defaults
+    expected = FederatedDataModule.from_tensors(
+        x.reshape(-1, 1, 8, 8), y, num_clients=12, concepts=2, corrupt_fraction=0.25, image_shape=(1, 8, 8)
+    )
+    assert dm.train_x.shape[1:] == (1, 8, 8)
+    for name in ("train_x", "train_y", "train_offsets", "test_x", "val_y", "global_x", "global_y"):
+        assert torch.equal(getattr(dm, name), getattr(expected, name)), name
+    assert list(dm.metadata.feature_style) == list(expected.metadata.feature_style)  # corrupted clients
+    assert "global accuracy" in capsys.readouterr().out
+
+
+def test_an_npz_file_of_channels_last_uint8_images(tmp_path: Path, digit_bytes) -> None:
+    pixels, y = digit_bytes
+    path = tmp_path / "digits.npz"
+    np.savez(path, x=pixels.reshape(-1, 8, 8, 1).numpy(), y=y.numpy())
+    with pytest.raises(ValueError, match=r"channels-last images.*--data.channels_last=true"):
+        TensorFileFederated(str(path), num_clients=10, image_shape=(1, 8, 8))
+    cli = run_cli(["fit", f"--data={path}", "--data.num_clients=10", "--data.image_shape=[1,8,8]",
+                   "--data.channels_last=true", "--model=SmallCNN", "--trainer.logger=false",
+                   *quick(tmp_path)])  # fmt: skip
+    expected = FederatedDataModule.from_tensors(
+        (pixels.float() / 255).reshape(-1, 1, 8, 8), y, num_clients=10, image_shape=(1, 8, 8)
+    )  # uint8 is scaled to [0, 1]
+    assert torch.equal(cli.datamodule.train_x, expected.train_x)
+    colour = torch.rand(5, 4, 4, 3, generator=torch.Generator().manual_seed(0))  # [N, H, W, C]
+    assert torch.equal(as_images(colour, (3, 4, 4), True, "x"), colour.permute(0, 3, 1, 2))
+    assert torch.equal(as_images(colour.reshape(5, -1), (3, 4, 4), False, "x"), colour.reshape(5, 3, 4, 4))
+
+
+def test_a_file_with_a_test_set_gives_the_global_clients(tmp_path: Path) -> None:
+    x, y = load_digits_tensors()
+    path = tmp_path / "split.pt"
+    torch.save({"x": x[:1400], "y": y[:1400], "x_test": x[1400:], "y_test": y[1400:]}, path)
+    dm = TensorFileFederated(str(path), num_clients=10, concepts=2, image_shape=(1, 8, 8))
+    assert dm.num_global_clients == 2
+    assert int(dm.train_sizes.sum() + dm.val_sizes.sum() + dm.test_sizes.sum()) == 1400
+
+
+def test_bad_tensor_files_are_named_with_the_fix(tmp_path: Path) -> None:
+    x, y = load_digits_tensors()
+    torch.save({"inputs": x, "y": y}, tmp_path / "keys.pt")
+    with pytest.raises(ValueError, match=r"needs tensors 'x' and 'y'"):
+        TensorFileFederated(str(tmp_path / "keys.pt"))
+    torch.save({"x": x, "y": y}, tmp_path / "ok.pt")
+    with pytest.raises(ValueError, match=r"image_shape=\[1, 8, 7\] does not fit x"):
+        TensorFileFederated(str(tmp_path / "ok.pt"), image_shape=(1, 8, 7))
+    with pytest.raises(ValueError, match="expected a .pt or .npz file"):
+        TensorFileFederated(str(tmp_path / "ok.csv"))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        TensorFileFederated(str(tmp_path / "missing.npz"))
+
+
+def test_the_file_datamodule_takes_every_from_tensors_argument() -> None:
+    builder = set(inspect.signature(FederatedDataModule.from_tensors).parameters) - {"x", "y", "global_test"}
+    own = set(inspect.signature(TensorFileFederated.__init__).parameters) - {"self", "path", "channels_last"}
+    assert own == builder
+    for name in builder:  # and each is documented (the CLI help shows these docs)
+        assert f"        {name}: " in TensorFileFederated.__doc__, name
+
+
+def test_the_help_documents_tensor_files_and_the_figures_switch(capsys) -> None:
+    with pytest.raises(SystemExit):
+        run_cli(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert ".pt / .npz file of (x, y) tensors" in out and "--data.image_shape=[C,H,W]" in out
+    assert "--figures {true,false}" in out
+
+
+def test_figures_false_logs_scalars_and_no_images(tmp_path: Path) -> None:
+    cli = run_cli(["fit", "--figures=false", "--data.init_args.num_clients=10",
+                   "--trainer.check_val_every_n_epoch=1", *quick(tmp_path)])  # fmt: skip
+    (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, ClusterMonitor)]
+    (summary,) = [c for c in cli.trainer.callbacks if isinstance(c, DataSummary)]
+    assert monitor.figures is False and summary.figures is False
+    events = EventAccumulator(cli.trainer.logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    assert events.Tags()["images"] == []
+    assert "train/loss" in events.Tags()["scalars"]

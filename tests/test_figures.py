@@ -1,78 +1,16 @@
-"""TensorBoard figures: readable size in real event files, fixed colour scales, clients sorted by
-concept, numbers in the cells, and nothing drawn (and no error) for loggers without images."""
+"""figures.py: fixed colour scales, clients sorted by concept, numbers in the cells, and a figure
+saved for a paper (PDF / SVG at a chosen size, without the diagnostic titles)."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_fedcluster import FedRCStrategy, figures
-from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, image_logging
-from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.models import MLPClassifier
-from tests.conftest import make_trainer
-
-CLUSTER_TAGS = ("clusters/omega_clients_by_concept", "clusters/concept_shares", "clusters/label_stats_C")
-
-
-@pytest.fixture(scope="module")
-def digits() -> DigitsFederated:
-    return DigitsFederated(num_clients=9, concepts=3, seed=0)
-
-
-def test_a_short_fit_writes_readable_figures_at_validation_rounds_only(digits, tmp_path) -> None:
-    logger = TensorBoardLogger(str(tmp_path), name="run")
-    trainer = make_trainer(
-        FedRCStrategy(3, clients_per_round=3, local_steps=1),
-        max_epochs=5,
-        logger=[logger, CSVLogger(str(tmp_path))],
-        callbacks=[DataSummary()],
-        check_val_every_n_epoch=2,
-    )
-    trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
-    logger.experiment.flush()
-    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
-    events.Reload()
-    tags = events.Tags()["images"]
-    assert set(tags) == {*CLUSTER_TAGS, "val/per_concept", "data/summary"}
-    for tag in tags:
-        for image in events.Images(tag):
-            assert image.width >= 400 and image.height >= 200, (tag, image.width, image.height)
-    # Cluster figures and the accuracy chart at the validation rounds (2, 4) only, not at the
-    # other rounds nor the last one (5); the data summary once at fit start.
-    for tag in (*CLUSTER_TAGS, "val/per_concept"):
-        assert [image.step for image in events.Images(tag)] == [2, 4], tag
-    assert [image.step for image in events.Images("data/summary")] == [0]
-    assert [s.step for s in events.Scalars("train/loss")] == [1, 2, 3, 4, 5]  # scalars every round
-
-
-def test_only_loggers_without_images_draw_nothing_and_raise_nothing(digits, tmp_path, monkeypatch) -> None:
-    def fail(*args, **kwargs):
-        raise AssertionError("a figure was drawn although no logger takes images")
-
-    drawers = (
-        "omega_figure",
-        "shares_figure",
-        "label_stats_figure",
-        "accuracy_figure",
-        "data_summary_figure",
-    )
-    for name in drawers:
-        monkeypatch.setattr(figures, name, fail)
-    monkeypatch.setattr(image_logging, "render", fail)
-    trainer = make_trainer(
-        FedRCStrategy(3, clients_per_round=3, local_steps=1),
-        max_epochs=2,
-        logger=CSVLogger(str(tmp_path)),
-        callbacks=[DataSummary()],
-        check_val_every_n_epoch=1,
-    )
-    trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
-    assert trainer.current_epoch == 2
+from lightning_fedcluster import figures
 
 
 def test_omega_figure_sorts_clients_by_concept_on_a_fixed_scale() -> None:
@@ -133,23 +71,39 @@ def test_accuracy_figure_draws_one_line_per_concept_over_rounds() -> None:
     assert ax.get_ylabel() == "MSE"
 
 
-def test_a_resumed_fit_keeps_the_accuracy_history(digits, tmp_path) -> None:
-    def trainer(rounds: int, **options):
-        strategy = FedRCStrategy(3, clients_per_round=3, local_steps=1)
-        return make_trainer(strategy, max_epochs=rounds, check_val_every_n_epoch=1, **options)
+def pdf_size(path: Path) -> tuple[float, float]:
+    box = re.search(rb"/MediaBox\s*\[\s*0\s+0\s+([\d.]+)\s+([\d.]+)\s*\]", path.read_bytes())
+    assert box, "no MediaBox in the PDF"
+    return float(box.group(1)), float(box.group(2))
 
-    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    trainer(2, enable_checkpointing=True, callbacks=[checkpoint]).fit(
-        MLPClassifier(lr=0.2), datamodule=digits
+
+def svg_size(path: Path) -> tuple[float, float]:
+    head = path.read_text()
+    width, height = (
+        float(re.search(rf'<svg[^>]* {a}="([\d.]+)pt"', head).group(1)) for a in ("width", "height")
     )
-    resumed = trainer(4)
-    resumed.fit(MLPClassifier(lr=0.2), datamodule=digits, ckpt_path=str(tmp_path / "last.ckpt"))
-    (monitor,) = [c for c in resumed.callbacks if isinstance(c, ClusterMonitor)]
-    assert sorted(monitor.history) == [1, 2, 3, 4]
-    assert "val/global_acc_concept0" in monitor.history[1]
+    return width, height
 
 
-def test_images_every_is_checked() -> None:
-    for bad in (0, -1, True):
-        with pytest.raises(ValueError, match="images_every"):
-            ClusterMonitor(images_every=bad)
+def test_a_figure_is_saved_as_pdf_and_svg_at_the_chosen_size_without_titles(tmp_path) -> None:
+    concept = torch.tensor([0, 0, 1, 1, 2, 2])
+    omega = torch.softmax(torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), dim=1)
+    paper = figures.omega_figure(omega, concept, round_index=7, size=(3.5, 1.8), titles=False)
+    assert all(ax.get_title() == "" for ax in paper.axes)
+    pdf = figures.save_figure(paper, tmp_path / "omega.pdf")
+    svg = figures.save_figure(paper, tmp_path / "omega.svg")
+    assert pdf_size(pdf) == pytest.approx((3.5 * 72, 1.8 * 72))  # points
+    assert svg_size(svg) == pytest.approx((3.5 * 72, 1.8 * 72))
+    text = svg.read_text()
+    assert "cluster" in text and "concept 1" in text  # text stays text: the labels are there
+    assert "weight on each cluster" not in text and "round 7" not in text  # the title is not
+    # the TensorBoard version of the same figure keeps its title and size
+    diagnostic = figures.omega_figure(omega, concept, round_index=7)
+    assert "round 7" in diagnostic.axes[0].get_title()
+    diagnostic_svg = figures.save_figure(diagnostic, tmp_path / "diagnostic.svg")
+    assert "round 7" in diagnostic_svg.read_text()
+    assert svg_size(diagnostic_svg) == pytest.approx((9 * 72, (2.3 + 0.4 * 3) * 72))
+    with pytest.raises(ValueError, match="suffix"):
+        figures.save_figure(paper, tmp_path / "omega.jpg")
+    with pytest.raises(ValueError, match="size must be"):
+        figures.omega_figure(omega, concept, size=(3.5, 0))

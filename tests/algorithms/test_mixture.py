@@ -1,5 +1,5 @@
-"""Pure tensor math of the algorithms (E-step, label statistics, FedRC rules, aggregation, client
-state) checked against numbers computed by hand with plain Python ``math``."""
+"""algorithms/mixture.py: the E-step math (responsibilities, label statistics, iterated mixtures for
+unseen clients, hard weights) against numbers computed by hand with plain Python ``math``."""
 
 import math
 
@@ -7,9 +7,6 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_weighted_update
-from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, Contribution
-from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.mixture import (
     LABEL_STATS_FLOOR,
@@ -21,58 +18,18 @@ from lightning_fedcluster.algorithms.mixture import (
     mixture_probabilities,
     responsibilities,
 )
-
-F64 = torch.float64
-TIGHT = {"rtol": 1e-12, "atol": 1e-12}
-
-
-def t(values, dtype=F64) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype)
-
-
-def ctx(omega, num_classes, num_samples=3, client=0) -> ClientContext:
-    omega = torch.as_tensor(omega, dtype=F64)
-    return ClientContext(
-        client=client,
-        round_index=0,
-        num_samples=num_samples,
-        num_classes=num_classes,
-        omega=omega,
-        active=torch.ones(len(omega), dtype=torch.bool),
-    )
-
-
-# --- the running example: 3 samples, 2 clusters, 2 classes --------------------------------------
-#
-# f = [[0.5, 1.5], [2.0, 0.25], [1.0, 1.0]], y = [0, 1, 1], ω = [0.7, 0.3],
-# C = [[0.6, 0.2], [0.4, 0.8]] (rows: label y, columns: cluster k; each column sums to 1).
-# γ_jk ∝ ω_k · exp(−f_jk) / C_{y_j,k}, e.g.
-#   γ_00 = (0.7 e^−0.5 / 0.6) / (0.7 e^−0.5 / 0.6 + 0.3 e^−1.5 / 0.2)
-#   γ_20 = (0.7 / 0.4) / (0.7 / 0.4 + 0.3 / 0.8) = 1.75 / 2.125 = 14/17 (equal losses cancel)
-
-LOSSES = [[0.5, 1.5], [2.0, 0.25], [1.0, 1.0]]
-LABELS = [0, 1, 1]
-OMEGA = [0.7, 0.3]
-C_STATS = [[0.6, 0.2], [0.4, 0.8]]
-
-GAMMA_FEDRC = [
-    [0.6788922244047344, 0.32110777559526565],
-    [0.4478021355381227, 0.5521978644618774],
-    [14 / 17, 3 / 17],
-]
-# FedEM (C ≡ 1): γ_jk ∝ ω_k exp(−f_jk); the third row is ω itself since its losses are equal.
-GAMMA_FEDEM = [
-    [0.8638095285778118, 0.13619047142218818],
-    [0.28849552353518315, 0.7115044764648167],
-    [0.7, 0.3],
-]
-# ω = column means of GAMMA_FEDRC.
-OMEGA_FEDRC = [0.6500745905691877, 0.3499254094308124]
-# S_{y,k}: label 0 is sample 0 only; label 1 is samples 1 + 2.
-SUMS_FEDRC = [
-    [0.6788922244047344, 0.32110777559526565],
-    [0.4478021355381227 + 14 / 17, 0.5521978644618774 + 3 / 17],
-]
+from tests.helpers.algorithms import (
+    C_STATS,
+    F64,
+    GAMMA_FEDEM,
+    GAMMA_FEDRC,
+    LABELS,
+    LOSSES,
+    OMEGA,
+    TIGHT,
+    fixed_point_map,
+    t,
+)
 
 
 def running_example():
@@ -174,21 +131,6 @@ def test_label_statistics_of_no_clients_is_uniform() -> None:
     assert_close(stats, torch.full((4, 2), 0.25, dtype=F64), **TIGHT)
 
 
-# --- iterated E-step for unseen clients --------------------------------------------------------
-
-
-def fixed_point_map(omega: list[float], losses, labels, stats=None) -> list[float]:
-    """One E-step in plain Python: mean_j of ω_k e^{−f_jk} / C_{y_j,k}, normalised over k."""
-    k_count, n = len(omega), len(losses)
-    out = [0.0] * k_count
-    for row, y in zip(losses, labels, strict=True):
-        weights = [omega[k] * math.exp(-row[k]) / (stats[y][k] if stats else 1.0) for k in range(k_count)]
-        total = sum(weights)
-        for k in range(k_count):
-            out[k] += weights[k] / total / n
-    return out
-
-
 def two_sample_mle(lik: list[list[float]]) -> float:
     """Interior maximiser ω_0 of Σ_j log(ω L_j0 + (1 − ω) L_j1) for two samples (solved by hand:
     Σ_j d_j / (ω d_j + L_j1) = 0 with d_j = L_j0 − L_j1 gives ω = −(d_a L_b1 + d_b L_a1) / (2 d_a d_b))."""
@@ -270,106 +212,6 @@ def test_hard_weights(omega, expected) -> None:
     assert torch.equal(out, t(expected))
 
 
-# --- the FedRC rule object ------------------------------------------------------------------------
-
-
-def test_fedrc_e_step_by_hand() -> None:
-    rule = FedRC(num_clusters=2)
-    report = rule.e_step(t(LOSSES, torch.float32), torch.tensor(LABELS), ctx(OMEGA, 3), t(C_STATS).log())
-    assert isinstance(report, ClientReport)
-    assert report.gamma.dtype == report.omega.dtype == report.label_sums.dtype == F64
-    assert_close(report.gamma, t(GAMMA_FEDRC), **TIGHT)
-    assert_close(report.omega, t(OMEGA_FEDRC), **TIGHT)
-    # num_classes=3: the unused label 2 gets a zero row.
-    assert_close(report.label_sums, t([*SUMS_FEDRC, [0.0, 0.0]]), **TIGHT)
-    # consistent with the module-level functions
-    log_gamma = responsibilities(t(LOSSES), torch.tensor(LABELS), t(OMEGA).log(), t(C_STATS).log())
-    assert_close(report.gamma, log_gamma.exp(), **TIGHT)
-    assert_close(report.omega, mixture_from_responsibilities(log_gamma).exp(), **TIGHT)
-    assert_close(report.label_sums, label_sums(log_gamma.exp(), torch.tensor(LABELS), 3), **TIGHT)
-    plan = rule.local_plan(report, ctx(OMEGA, 3))
-    assert plan.clusters == (0, 1) and torch.equal(plan.sample_weights, report.gamma)
-
-
-def test_fedrc_e_step_without_stats_is_fedem() -> None:
-    report = FedRC(num_clusters=2, use_label_stats=False).e_step(
-        t(LOSSES), torch.tensor(LABELS), ctx(OMEGA, 2), t(C_STATS).log()
-    )  # FedEM ignores C even when one is passed
-    assert_close(report.gamma, t(GAMMA_FEDEM), **TIGHT)
-    omega0 = (0.8638095285778118 + 0.28849552353518315 + 0.7) / 3
-    assert_close(report.omega, t([omega0, 1 - omega0]), **TIGHT)
-
-
-def test_fedrc_single_cluster_is_fedavg() -> None:
-    rule = FedRC(num_clusters=1)
-    losses = t([[0.3], [5.0], [1000.0], [0.0]])
-    labels = torch.tensor([1, 0, 1, 1])
-    log_c = label_statistics(torch.zeros(0, 2, 1, dtype=F64)).log()
-    report = rule.e_step(losses, labels, ctx([1.0], 2, num_samples=4), log_c)
-    assert torch.equal(report.gamma, torch.ones(4, 1, dtype=F64))
-    assert_close(report.omega, t([1.0]), **TIGHT)
-    assert_close(report.label_sums, t([[1.0], [3.0]]), **TIGHT)  # label counts
-    plan = rule.local_plan(report, ctx([1.0], 2, num_samples=4))
-    assert rule.contributions(report, plan, ctx([1.0], 2, num_samples=4)) == [Contribution(0, 0, 4.0)]
-
-
-def test_fedrc_aggregation_weights_are_client_size_for_every_cluster() -> None:
-    rule = FedRC(num_clusters=3)
-    context = ctx([0.5, 0.3, 0.2], 2, num_samples=7)
-    report = rule.e_step(t([[0.1, 2.0, 3.0], [1.0, 0.5, 0.2]]), torch.tensor([0, 1]), context, None)
-    plan = rule.local_plan(report, context)
-    assert rule.contributions(report, plan, context) == [Contribution(k, k, 7.0) for k in range(3)]
-
-
-def test_fedrc_log_label_stats_uses_seen_clients_only() -> None:
-    rule = FedRC(num_clusters=2)
-    state = ClientState.initial(num_clients=3, num_classes=2, num_clusters=2)
-    # Nobody seen: the paper's uniform initial C.
-    assert_close(rule.log_label_stats(state), torch.full((2, 2), math.log(0.5), dtype=F64), **TIGHT)
-    # An unseen client's (garbage) sums must be ignored.
-    state.label_sums[2] = t([[100.0, 100.0], [0.0, 0.0]])
-    assert_close(rule.log_label_stats(state), torch.full((2, 2), math.log(0.5), dtype=F64), **TIGHT)
-
-    # Round 1: clients 0 and 1 report.
-    s0 = [[1.0, 3.0], [1.0, 0.0]]
-    s1 = [[0.5, 0.5], [1.5, 0.5]]
-    state.record(torch.tensor([0, 1]), t([[0.5, 0.5], [0.5, 0.5]]), t([s0, s1]))
-    # Σ = [[1.5, 3.5], [2.5, 0.5]], column sums 4, 4.
-    expected = [[0.375, 0.875], [0.625, 0.125]]
-    assert_close(rule.log_label_stats(state), t(expected).log(), **TIGHT)
-
-    # Round 2: only client 0 reports; client 1's stale sums are kept and used.
-    s0_new = [[2.0, 1.0], [0.0, 1.0]]
-    state.record(torch.tensor([0]), t([[0.6, 0.4]]), t([s0_new]))
-    # Σ = s0_new + s1 = [[2.5, 1.5], [1.5, 1.5]], column sums 4, 3.
-    expected = [[0.625, 0.5], [0.375, 0.5]]
-    assert_close(rule.log_label_stats(state), t(expected).log(), **TIGHT)
-
-
-def test_fedrc_without_label_stats_returns_none() -> None:
-    state = ClientState.initial(num_clients=2, num_classes=2, num_clusters=2)
-    state.record(torch.tensor([0]), t([[0.5, 0.5]]), t([[[1.0, 2.0], [3.0, 4.0]]]))
-    assert FedRC(num_clusters=2, use_label_stats=False).log_label_stats(state) is None
-
-
-def test_fedrc_prediction_weights_soft_and_hard() -> None:
-    omega = t([0.3, 0.3, 0.4])
-    assert torch.equal(FedRC(num_clusters=3).prediction_weights(omega), omega)
-    assert torch.equal(FedRC(num_clusters=3, hard_prediction=True).prediction_weights(omega), t([0, 0, 1.0]))
-    tie = t([0.4, 0.4, 0.2])
-    assert torch.equal(FedRC(num_clusters=3, hard_prediction=True).prediction_weights(tie), t([1.0, 0, 0]))
-
-
-def test_fedrc_unseen_client_mixture_matches_iterate_mixture() -> None:
-    losses = t([[0.3, 1.1], [2.0, 0.4], [0.9, 0.8], [1.5, 1.4]], torch.float32)
-    labels = torch.tensor([0, 1, 1, 0])
-    stats = [[0.3, 0.6], [0.7, 0.4]]
-    omega = FedRC(num_clusters=2).unseen_client_mixture(losses, labels, t(stats).log())
-    assert_close(omega, iterate_mixture(losses.double(), labels, t(stats).log()), **TIGHT)
-    mapped = fixed_point_map(omega.tolist(), losses.double().tolist(), labels.tolist(), stats)
-    assert max(abs(a - b) for a, b in zip(mapped, omega.tolist(), strict=True)) < 1e-6
-
-
 def test_iterate_mixture_boundary_optimum_meets_tolerance() -> None:
     # The optimum is on the boundary, ω = [0, 1]; near it EM shrinks ω_0 by the factor
     # mean_j L_j0 / L_j1 per step (L_jk = e^{−f_jk} / C_{y_j,k}), which is 0.98510 here.
@@ -395,151 +237,6 @@ def test_iterate_mixture_warns_when_it_hits_the_iteration_cap() -> None:
         )
     with pytest.warns(RuntimeWarning, match="did not converge in 1 iterations"):
         iterate_mixture(t(losses), torch.tensor(labels), t(C_STATS).log(), max_iterations=1)
-
-
-def test_round_one_uniform_gamma_gives_label_prior_and_fedem_e_step() -> None:
-    # Three clients with uniform γ (K = 3): S_{i,y,k} = n_{i,y} / K.
-    k = 3
-    client_labels = [[0, 0, 1], [1, 1, 1, 2], [0, 2]]
-    sums = torch.stack(
-        [label_sums(torch.full((len(y), k), 1 / k, dtype=F64), torch.tensor(y), 3) for y in client_labels]
-    )
-    stats = label_statistics(sums)
-    # label counts 3, 4, 2 over 9 samples: every column is the label prior.
-    prior = [3 / 9, 4 / 9, 2 / 9]
-    assert_close(stats, t([[p] * k for p in prior]), **TIGHT)
-
-    rule = FedRC(num_clusters=k)
-    losses = t([[0.2, 1.0, 3.0], [2.5, 0.1, 0.7], [1.0, 1.0, 0.1], [0.4, 0.9, 0.2]])
-    labels = torch.tensor([0, 1, 2, 1])
-    omega = t([0.5, 0.2, 0.3])
-    fedrc = rule.e_step(losses, labels, ctx(omega, 3, 4), stats.log())
-    fedem = rule.e_step(losses, labels, ctx(omega, 3, 4), None)
-    assert_close(fedrc.gamma, fedem.gamma, **TIGHT)
-    assert_close(fedrc.omega, fedem.omega, **TIGHT)
-    assert_close(fedrc.label_sums, fedem.label_sums, **TIGHT)
-
-
-# --- server aggregation -----------------------------------------------------------------------------
-
-
-def test_weighted_update_by_hand() -> None:
-    reference = [t([1.0, 2.0], torch.float32), t([[0.5]], torch.float32)]
-    client_a = [t([3.0, 2.0], torch.float32), t([[1.5]], torch.float32)]  # Δ = [2, 0], [[1]]
-    client_b = [t([1.0, 6.0], torch.float32), t([[-0.5]], torch.float32)]  # Δ = [0, 4], [[-1]]
-    acc = [torch.zeros(2, dtype=F64), torch.zeros(1, 1, dtype=F64)]
-    accumulate_delta(acc, client_a, reference, 3.0)
-    accumulate_delta(acc, client_b, reference, 1.0)
-    assert acc[0].dtype == F64
-    assert torch.equal(acc[0], t([6.0, 4.0]))  # 3·[2, 0] + 1·[0, 4]
-    assert torch.equal(acc[1], t([[2.0]]))  # 3·1 + 1·(−1)
-    # θ + 0.5 · Σ w Δ / 4 = [1, 2] + 0.5·[1.5, 1] , 0.5 + 0.5·0.5
-    assert apply_weighted_update(reference, acc, weight_sum=4.0, server_lr=0.5) is True
-    assert reference[0].dtype == torch.float32
-    assert torch.equal(reference[0], t([1.75, 2.5], torch.float32))
-    assert torch.equal(reference[1], t([[0.75]], torch.float32))
-    # clients' tensors are not touched
-    assert torch.equal(client_a[0], t([3.0, 2.0], torch.float32))
-
-
-def test_weighted_update_default_server_lr_is_weighted_mean() -> None:
-    reference = [t([0.0, 10.0], torch.float32)]
-    acc = [torch.zeros(2, dtype=F64)]
-    accumulate_delta(acc, [t([4.0, 10.0], torch.float32)], reference, 1.0)
-    accumulate_delta(acc, [t([0.0, 14.0], torch.float32)], reference, 3.0)
-    assert apply_weighted_update(reference, acc, 4.0)
-    assert torch.equal(reference[0], t([1.0, 13.0], torch.float32))  # (4·1 + 0·3)/4, 10 + (0 + 4·3)/4
-
-
-@pytest.mark.parametrize("weight_sum", [0.0, -1.0])
-def test_zero_weight_leaves_model_unchanged(weight_sum: float) -> None:
-    reference = [t([1.0, 2.0], torch.float32)]
-    acc = [t([5.0, 5.0])]
-    assert apply_weighted_update(reference, acc, weight_sum, server_lr=1.0) is False
-    assert torch.equal(reference[0], t([1.0, 2.0], torch.float32))
-
-
-def test_float64_accumulation_is_order_independent() -> None:
-    gen = torch.Generator().manual_seed(1234)
-    shapes = [(257,), (3, 5)]
-    reference = [torch.randn(s, generator=gen) for s in shapes]
-    clients = []
-    for i in range(50):
-        scale = 10.0 ** (i % 7 - 3)
-        local = [r + scale * torch.randn(r.shape, generator=gen) for r in reference]
-        clients.append((local, float(torch.randint(1, 500, (), generator=gen))))
-    weight_sum = sum(w for _, w in clients)
-    order = torch.randperm(50, generator=gen).tolist()
-
-    def aggregate(indices, acc_dtype):
-        acc = [torch.zeros(s, dtype=acc_dtype) for s in shapes]
-        for i in indices:
-            accumulate_delta(acc, clients[i][0], reference, clients[i][1])
-        theta = [r.clone() for r in reference]
-        apply_weighted_update(theta, acc, weight_sum, server_lr=0.5)
-        return theta
-
-    forward, shuffled = aggregate(range(50), F64), aggregate(order, F64)
-    backward = aggregate(reversed(range(50)), F64)
-    for a, b, c in zip(forward, shuffled, backward, strict=True):
-        assert a.dtype == torch.float32
-        assert torch.equal(a, b)
-        assert torch.equal(a, c)
-    # The check has teeth: a float32 accumulator does depend on the order.
-    f32_forward, f32_shuffled = aggregate(range(50), torch.float32), aggregate(order, torch.float32)
-    assert not all(torch.equal(a, b) for a, b in zip(f32_forward, f32_shuffled, strict=True))
-
-
-# --- client state -------------------------------------------------------------------------------------
-
-
-def test_client_state_initial() -> None:
-    state = ClientState.initial(num_clients=4, num_classes=3, num_clusters=2)
-    assert state.num_clients == 4 and state.num_clusters == 2
-    assert state.omega.dtype == F64 and state.label_sums.dtype == F64 and state.seen.dtype == torch.bool
-    assert torch.equal(state.omega, torch.full((4, 2), 0.5, dtype=F64))
-    assert torch.equal(state.label_sums, torch.zeros(4, 3, 2, dtype=F64))
-    assert not state.seen.any()
-    assert_close(ClientState.initial(2, 2, 3).omega, torch.full((2, 3), 1 / 3, dtype=F64), **TIGHT)
-
-
-def test_client_state_record_touches_only_given_rows() -> None:
-    state = ClientState.initial(num_clients=4, num_classes=2, num_clusters=2)
-    omega = t([[0.9, 0.1], [0.2, 0.8]], torch.float32)
-    sums = t([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]], torch.float32)
-    state.record(torch.tensor([1, 3]), omega, sums)
-    assert state.omega.dtype == F64 and state.label_sums.dtype == F64
-    assert torch.equal(state.seen, torch.tensor([False, True, False, True]))
-    assert torch.equal(state.omega[[0, 2]], torch.full((2, 2), 0.5, dtype=F64))
-    assert torch.equal(state.omega[[1, 3]], omega.double())
-    assert torch.equal(state.label_sums[[0, 2]], torch.zeros(2, 2, 2, dtype=F64))
-    assert torch.equal(state.label_sums[[1, 3]], sums.double())
-
-
-def test_client_state_round_trip() -> None:
-    state = ClientState.initial(num_clients=3, num_classes=2, num_clusters=2)
-    state.record(torch.tensor([2]), t([[0.25, 0.75]]), t([[[1.0, 0.0], [0.5, 2.0]]]))
-    saved = state.state_dict()
-    assert set(saved) == {"omega", "label_sums", "seen", "active"}
-    state.record(torch.tensor([0]), t([[0.1, 0.9]]), t([[[9.0, 9.0], [9.0, 9.0]]]))  # after saving
-    assert torch.equal(saved["seen"], torch.tensor([False, False, True]))  # the dict holds copies
-
-    restored = ClientState.initial(num_clients=3, num_classes=2, num_clusters=2)
-    restored.load_state_dict(saved)
-    assert torch.equal(restored.omega, t([[0.5, 0.5], [0.5, 0.5], [0.25, 0.75]]))
-    assert torch.equal(restored.label_sums[2], t([[1.0, 0.0], [0.5, 2.0]]))
-    assert torch.equal(restored.label_sums[:2], torch.zeros(2, 2, 2, dtype=F64))
-    assert torch.equal(restored.seen, torch.tensor([False, False, True]))
-    for name in ("omega", "label_sums", "seen"):
-        assert torch.equal(restored.state_dict()[name], saved[name])
-
-
-@pytest.mark.parametrize(("clients", "classes", "clusters"), [(4, 2, 2), (3, 5, 2), (3, 2, 3)])
-def test_client_state_shape_mismatch(clients: int, classes: int, clusters: int) -> None:
-    saved = ClientState.initial(num_clients=3, num_classes=2, num_clusters=2).state_dict()
-    other = ClientState.initial(clients, classes, clusters)
-    with pytest.raises(ValueError, match="resume with the same datamodule"):
-        other.load_state_dict(saved)
 
 
 def test_accelerated_unseen_client_iteration_equals_the_slow_one_without_hitting_the_cap() -> None:

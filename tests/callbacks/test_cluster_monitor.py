@@ -1,28 +1,27 @@
-"""Figures cost nothing between validation rounds, can be switched off, and can be saved for a
-paper (PDF / SVG at a chosen size, without the diagnostic titles)."""
+"""callbacks/cluster_monitor.py: round metrics and figures in real TensorBoard files at validation
+rounds only, switched off or drawn for a paper, kept across a resume, and one monitor per trainer
+without warnings."""
 
 from __future__ import annotations
 
-import re
+import warnings
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_fedcluster import FedRCStrategy, figures
 from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
+from tests.helpers.small_run import small_datamodule, small_strategy
 
 DRAWERS = ("omega_figure", "shares_figure", "label_stats_figure", "accuracy_figure", "data_summary_figure")
-
-
-@pytest.fixture(scope="module")
-def digits() -> DigitsFederated:
-    return DigitsFederated(num_clients=9, concepts=3, seed=0)
 
 
 def counted_fit(digits, tmp_path: Path, monkeypatch, callbacks: list, rounds: int = 7) -> Counter:
@@ -71,44 +70,6 @@ def test_images_every_adds_rounds_to_the_validation_ones(digits, tmp_path, monke
     assert calls["accuracy_figure"] == 2
 
 
-def pdf_size(path: Path) -> tuple[float, float]:
-    box = re.search(rb"/MediaBox\s*\[\s*0\s+0\s+([\d.]+)\s+([\d.]+)\s*\]", path.read_bytes())
-    assert box, "no MediaBox in the PDF"
-    return float(box.group(1)), float(box.group(2))
-
-
-def svg_size(path: Path) -> tuple[float, float]:
-    head = path.read_text()
-    width, height = (
-        float(re.search(rf'<svg[^>]* {a}="([\d.]+)pt"', head).group(1)) for a in ("width", "height")
-    )
-    return width, height
-
-
-def test_a_figure_is_saved_as_pdf_and_svg_at_the_chosen_size_without_titles(tmp_path) -> None:
-    concept = torch.tensor([0, 0, 1, 1, 2, 2])
-    omega = torch.softmax(torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), dim=1)
-    paper = figures.omega_figure(omega, concept, round_index=7, size=(3.5, 1.8), titles=False)
-    assert all(ax.get_title() == "" for ax in paper.axes)
-    pdf = figures.save_figure(paper, tmp_path / "omega.pdf")
-    svg = figures.save_figure(paper, tmp_path / "omega.svg")
-    assert pdf_size(pdf) == pytest.approx((3.5 * 72, 1.8 * 72))  # points
-    assert svg_size(svg) == pytest.approx((3.5 * 72, 1.8 * 72))
-    text = svg.read_text()
-    assert "cluster" in text and "concept 1" in text  # text stays text: the labels are there
-    assert "weight on each cluster" not in text and "round 7" not in text  # the title is not
-    # the TensorBoard version of the same figure keeps its title and size
-    diagnostic = figures.omega_figure(omega, concept, round_index=7)
-    assert "round 7" in diagnostic.axes[0].get_title()
-    diagnostic_svg = figures.save_figure(diagnostic, tmp_path / "diagnostic.svg")
-    assert "round 7" in diagnostic_svg.read_text()
-    assert svg_size(diagnostic_svg) == pytest.approx((9 * 72, (2.3 + 0.4 * 3) * 72))
-    with pytest.raises(ValueError, match="suffix"):
-        figures.save_figure(paper, tmp_path / "omega.jpg")
-    with pytest.raises(ValueError, match="size must be"):
-        figures.omega_figure(omega, concept, size=(3.5, 0))
-
-
 def test_every_figure_of_a_run_is_drawn_for_a_paper(digits, tmp_path) -> None:
     monitor = ClusterMonitor()
     trainer = make_trainer(
@@ -139,3 +100,120 @@ def test_every_figure_of_a_run_is_drawn_for_a_paper(digits, tmp_path) -> None:
     )
     assert not summary._suptitle and all(ax.get_title() == "" for ax in summary.axes)
     assert len(list(tmp_path.glob("*.pdf"))) == 4
+
+
+@pytest.fixture(scope="module")
+def small_digits():
+    return DigitsFederated(num_clients=12, concepts=3, seed=0)
+
+
+def test_tensorboard_gets_round_metrics_and_cluster_images(small_digits, tmp_path):
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
+    trainer = make_trainer(FedRCStrategy(3, clients_per_round=6, local_steps=2), max_epochs=3,
+                           logger=logger, check_val_every_n_epoch=1)
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=small_digits)
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    for tag in ("train/loss", "train/acc", "val/local_acc", "val/global_acc", "val/concept_ari"):
+        assert tag in scalars, scalars
+        assert [e.step for e in events.Scalars(tag)] == [1, 2, 3], tag
+    assert "clusters/concept0_share_in_cluster0" in scalars
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses[-1] < losses[0]
+    images = events.Tags()["images"]
+    for tag in ("clusters/omega_clients_by_concept", "clusters/label_stats_C", "clusters/concept_shares"):
+        assert tag in images, images
+    omega_image = events.Images("clusters/omega_clients_by_concept")[-1]
+    assert omega_image.width >= 400 and omega_image.step == 3
+
+
+def test_a_trainer_s_own_cluster_monitor_is_kept_without_an_override_warning():
+    monitor = ClusterMonitor(images_every=5)
+    trainer = make_trainer(small_strategy(), 1, callbacks=[monitor])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=small_datamodule())
+        trainer.test(trainer.lightning_module, datamodule=small_datamodule(), verbose=False)
+    assert [c for c in trainer.callbacks if isinstance(c, ClusterMonitor)] == [monitor]
+    assert not [w for w in caught if "override existing callbacks" in str(w.message)]
+
+
+def test_fit_then_test_adds_one_cluster_monitor_and_warns_nothing():
+    trainer = make_trainer(small_strategy(), 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=small_datamodule())
+        trainer.test(trainer.lightning_module, datamodule=small_datamodule(), verbose=False)
+    assert sum(isinstance(c, ClusterMonitor) for c in trainer.callbacks) == 1
+    assert not [w for w in caught if "override existing callbacks" in str(w.message)]
+
+
+CLUSTER_TAGS = ("clusters/omega_clients_by_concept", "clusters/concept_shares", "clusters/label_stats_C")
+
+
+def test_a_short_fit_writes_readable_figures_at_validation_rounds_only(digits, tmp_path) -> None:
+    logger = TensorBoardLogger(str(tmp_path), name="run")
+    trainer = make_trainer(
+        FedRCStrategy(3, clients_per_round=3, local_steps=1),
+        max_epochs=5,
+        logger=[logger, CSVLogger(str(tmp_path))],
+        callbacks=[DataSummary()],
+        check_val_every_n_epoch=2,
+    )
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    logger.experiment.flush()
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    tags = events.Tags()["images"]
+    assert set(tags) == {*CLUSTER_TAGS, "val/per_concept", "data/summary"}
+    for tag in tags:
+        for image in events.Images(tag):
+            assert image.width >= 400 and image.height >= 200, (tag, image.width, image.height)
+    # Cluster figures and the accuracy chart at the validation rounds (2, 4) only, not at the
+    # other rounds nor the last one (5); the data summary once at fit start.
+    for tag in (*CLUSTER_TAGS, "val/per_concept"):
+        assert [image.step for image in events.Images(tag)] == [2, 4], tag
+    assert [image.step for image in events.Images("data/summary")] == [0]
+    assert [s.step for s in events.Scalars("train/loss")] == [1, 2, 3, 4, 5]  # scalars every round
+
+
+def test_a_resumed_fit_keeps_the_accuracy_history(digits, tmp_path) -> None:
+    def trainer(rounds: int, **options):
+        strategy = FedRCStrategy(3, clients_per_round=3, local_steps=1)
+        return make_trainer(strategy, max_epochs=rounds, check_val_every_n_epoch=1, **options)
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer(2, enable_checkpointing=True, callbacks=[checkpoint]).fit(
+        MLPClassifier(lr=0.2), datamodule=digits
+    )
+    resumed = trainer(4)
+    resumed.fit(MLPClassifier(lr=0.2), datamodule=digits, ckpt_path=str(tmp_path / "last.ckpt"))
+    (monitor,) = [c for c in resumed.callbacks if isinstance(c, ClusterMonitor)]
+    assert sorted(monitor.history) == [1, 2, 3, 4]
+    assert "val/global_acc_concept0" in monitor.history[1]
+
+
+def test_images_every_is_checked() -> None:
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="images_every"):
+            ClusterMonitor(images_every=bad)
+
+
+def test_logger_false_gives_no_no_logger_warnings() -> None:
+    dm = DigitsFederated(num_clients=6, concepts=3, seed=0)
+    trainer = make_trainer(
+        FedRCStrategy(3, clients_per_round=3, local_steps=1),
+        max_epochs=2,
+        logger=False,
+        check_val_every_n_epoch=1,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(lr=0.2), datamodule=dm)
+        trainer.validate(trainer.lightning_module, datamodule=dm, verbose=False)
+        (results,) = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "logger=True" in m or "no logger configured" in m], messages
+    assert 0.0 < results["test/global_acc"] <= 1.0  # the test metrics are still returned
+    assert "test/local_acc" in trainer.callback_metrics
