@@ -10,6 +10,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from lightning_fedcluster.datamodules import FedSoftSynthetic
+
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*LeafSpec.*")
 # The tests train tiny models, where intra-op threads only add overhead (and slow everything down
@@ -39,3 +41,11 @@ def make_trainer(strategy, max_epochs: int, **overrides) -> pl.Trainer:
 @pytest.fixture
 def trainer_factory():
     return make_trainer
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    """FedSoft's synthetic regression scenario, small: the regression tests' data."""
+    return FedSoftSynthetic(
+        num_clients=10, pattern="10:90", min_samples=40, max_samples=60, global_test_size=200, seed=0
+    )

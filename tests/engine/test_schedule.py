@@ -1,14 +1,19 @@
-"""The round schedule (client sampling, work assignment, local steps) and the clustering metrics."""
+"""engine/schedule.py: the round schedule (client sampling, work assignment, local steps, epoch
+batches)."""
 
 import itertools
 import math
 
 import pytest
 import torch
-from torch.testing import assert_close
 
-from lightning_fedcluster.engine.schedule import RoundSchedule, derive_seed, local_steps_per_client
-from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares
+from lightning_fedcluster.engine.client import minibatch_order
+from lightning_fedcluster.engine.schedule import (
+    RoundSchedule,
+    derive_seed,
+    epoch_batch,
+    local_steps_per_client,
+)
 
 
 def schedule(num_clients: int = 30, clients_per_round: int = 10, seed: int = 0, steps=None) -> RoundSchedule:
@@ -153,59 +158,24 @@ def test_local_steps_from_epochs_is_ceil_n_over_b_times_e() -> None:
     assert torch.equal(steps, torch.tensor([1, 1, 4, 4, 7, 7]))
 
 
-# --- clustering metrics ------------------------------------------------------------------------
-
-
-def omega_for(assignments: list[int], k: int = 3) -> torch.Tensor:
-    """ω rows peaked on the given clusters."""
-    omega = torch.full((len(assignments), k), 0.1, dtype=torch.float64)
-    omega[torch.arange(len(assignments)), torch.tensor(assignments)] = 1.0 - 0.1 * (k - 1)
-    return omega
-
-
-def test_concept_ari_perfect_relabelled_clustering() -> None:
-    concept = torch.tensor([0, 0, 1, 1, 2, 2])
-    omega = omega_for([2, 2, 0, 0, 1, 1])  # same partition, different cluster names
-    assert concept_ari(omega, concept) == pytest.approx(1.0, abs=1e-12)
-
-
-def test_concept_ari_by_hand() -> None:
-    # true [0,0,0,1,1,1], clusters [0,0,1,1,1,1]: contingency [[2,1],[0,3]].
-    # Σ C(n_ij, 2) = 1 + 0 + 0 + 3 = 4; rows 3, 3 -> 3 + 3 = 6; columns 2, 4 -> 1 + 6 = 7; C(6, 2) = 15.
-    # ARI = (4 − 6·7/15) / ((6 + 7)/2 − 6·7/15) = 1.2 / 3.7
-    omega = omega_for([0, 0, 1, 1, 1, 1], k=2)
-    assert concept_ari(omega, torch.tensor([0, 0, 0, 1, 1, 1])) == pytest.approx(1.2 / 3.7, abs=1e-12)
-
-
-def test_concept_ari_nan_with_fewer_than_two_seen_clients() -> None:
-    omega = omega_for([0, 1, 2])
-    concept = torch.tensor([0, 1, 2])
-    assert math.isnan(concept_ari(omega, concept, seen=torch.tensor([False, True, False])))
-    assert math.isnan(concept_ari(omega, concept, seen=torch.zeros(3, dtype=torch.bool)))
-    assert math.isnan(concept_ari(omega[:1], concept[:1]))
-
-
-def test_concept_ari_uses_only_seen_clients() -> None:
-    concept = torch.tensor([0, 0, 1, 1, 0, 1])
-    # the last two clients (never seen, still at their initial ω) would break the clustering
-    omega = omega_for([1, 1, 0, 0, 0, 1], k=2)
-    seen = torch.tensor([True, True, True, True, False, False])
-    assert concept_ari(omega, concept, seen=seen) == pytest.approx(1.0, abs=1e-12)
-    assert concept_ari(omega, concept) < 0.5
-
-
-def test_concept_shares_by_hand() -> None:
-    omega = torch.tensor([[0.8, 0.2], [0.4, 0.6], [0.1, 0.9]], dtype=torch.float32)
-    concept = torch.tensor([0, 0, 1])
-    sizes = torch.tensor([10, 20, 5])
-    shares = concept_shares(omega, concept, sizes)
-    # concept 0: 10·[0.8, 0.2] + 20·[0.4, 0.6] = [16, 14] over 30; concept 1: 5·[0.1, 0.9] over 5.
-    expected = torch.tensor([[16 / 30, 14 / 30], [0.1, 0.9]], dtype=torch.float64)
-    assert shares.dtype == torch.float64
-    assert_close(shares, expected, rtol=1e-7, atol=1e-7)  # ω given in float32
-    assert_close(shares.sum(dim=1), torch.ones(2, dtype=torch.float64), rtol=0, atol=1e-12)
-    # an explicit num_concepts adds an all-zero row for a concept with no clients
-    padded = concept_shares(omega, concept, sizes, num_concepts=3)
-    assert padded.shape == (3, 2)
-    assert_close(padded[:2], expected, rtol=1e-7, atol=1e-7)
-    assert torch.equal(padded[2], torch.zeros(2, dtype=torch.float64))
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("n", "batch"), [(10, 4), (12, 4), (7, 32), (33, 8)])
+def test_an_epoch_covers_every_sample_once_in_ceil_or_floor_n_over_b_batches(n, batch, drop_last):
+    if drop_last and n < batch:
+        with pytest.raises(ValueError, match="drop_last=True drops every batch of client 0"):
+            local_steps_per_client(torch.tensor([n]), batch, None, 1, drop_last)
+        return
+    steps = int(local_steps_per_client(torch.tensor([n]), batch, None, 2, drop_last))
+    expected = 2 * (n // batch if drop_last else -(-n // batch))
+    assert steps == expected
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for step in range(steps):
+        epoch, start, stop = epoch_batch(step, n, batch, drop_last)
+        order = minibatch_order(0, 3, 5, n, epoch)
+        seen[epoch] += order[start:stop].tolist()
+        assert stop - start == batch or (not drop_last and stop == n)
+    for epoch in (0, 1):
+        covered = sorted(seen[epoch])
+        assert covered == (sorted(minibatch_order(0, 3, 5, n, epoch)[: (n // batch) * batch].tolist())
+                           if drop_last else list(range(n)))
+    assert minibatch_order(0, 3, 5, n, 0).tolist() != minibatch_order(0, 3, 5, n, 1).tolist() or n < 3

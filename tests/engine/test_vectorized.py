@@ -15,11 +15,14 @@ from lightning_fedcluster.algorithms.mixture import (
     mixture_from_responsibilities,
     responsibilities,
 )
+from lightning_fedcluster.engine.client import minibatch_order
+from lightning_fedcluster.engine.schedule import epoch_batch, local_steps_per_client
 from lightning_fedcluster.engine.vectorized import (
     SGDConfig,
     batched_e_step,
     cluster_losses,
     engine_batches,
+    epoch_engine_batches,
     expand_clients,
     functional_template,
     local_sgd,
@@ -199,3 +202,22 @@ def test_models_that_update_buffers_and_other_optimizers_are_refused():
     functional_template(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)).eval())  # eval mode is fine
     with pytest.raises(TypeError, match="SGD"):
         SGDConfig.from_optimizer(torch.optim.Adam(_linear().parameters()))
+
+
+def test_the_vectorised_epoch_batches_are_the_loop_batches():
+    sizes = torch.tensor([10, 7])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    x = torch.arange(17, dtype=torch.float32).unsqueeze(1)
+    y = torch.zeros(17, dtype=torch.long)
+    orders = [[minibatch_order(0, 0, c, int(n), e) for e in range(2)] for c, n in enumerate(sizes)]
+    steps = local_steps_per_client(sizes, 4, None, 2)
+    trained = torch.ones(2, 1, dtype=torch.bool)
+    batches = list(epoch_engine_batches(x, y, torch.ones(17, 1), offsets, orders, steps, 4, False, trained))
+    for c, n in enumerate(sizes.tolist()):
+        for step in range(int(steps[c])):
+            epoch, start, stop = epoch_batch(step, n, 4, False)
+            expected = (orders[c][epoch][start:stop] + int(offsets[c])).float()
+            batch = batches[step]
+            got = batch.x[c, : stop - start, 0]
+            assert torch.equal(got, expected) and int(batch.divisor[c]) == stop - start
+            assert float(batch.weights[c, stop - start :].sum()) == 0.0  # padding carries no weight

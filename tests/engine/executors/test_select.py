@@ -1,5 +1,5 @@
-"""The vectorised executor against the loop executor through the public API, and the rule that
-chooses between them."""
+"""engine/executors/select.py: the rule that chooses between the loop and the vectorised executor,
+and the requests it refuses before training."""
 
 from __future__ import annotations
 
@@ -8,17 +8,10 @@ import torch
 from torch import nn
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
+from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.schedule import RoundSchedule
-from lightning_fedcluster.models import LinearRegressor, MLPClassifier
+from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
-
-
-class MomentumMLP(MLPClassifier):
-    """An MLP whose solver uses every SGD option the vectorised executor reproduces."""
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
 
 
 class ConvDigits(MLPClassifier):
@@ -40,80 +33,6 @@ class DropoutMLP(MLPClassifier):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 10))
-
-
-STRATEGIES = {
-    "fedrc": lambda executor: lf.FedRCStrategy(
-        3, clients_per_round=9, local_epochs=1, executor=executor, clients_per_chunk=4
-    ),
-    "fedrc_adam_noise_removal": lambda executor: lf.FedRCStrategy(
-        4,
-        clients_per_round=9,
-        local_steps=3,
-        adam_gamma=True,
-        label_noise_std=0.1,
-        removal_threshold=0.2,
-        executor=executor,
-        clients_per_chunk=4,
-    ),
-    "fedem": lambda executor: lf.FedEMStrategy(3, local_epochs=1, executor=executor),
-    "ifca": lambda executor: lf.IFCAStrategy(3, local_epochs=1, executor=executor, clients_per_chunk=5),
-    "fedavg": lambda executor: lf.FedAvgStrategy(clients_per_round=8, local_steps=4, executor=executor),
-    "fedprox": lambda executor: lf.FedProxStrategy(mu=0.5, local_epochs=1, executor=executor),
-}
-
-
-def _fit(strategy, model, datamodule, rounds: int = 3):
-    trainer = make_trainer(strategy, max_epochs=rounds, limit_val_batches=0)
-    trainer.fit(model, datamodule=datamodule)
-    metrics = trainer.test(trainer.lightning_module, datamodule=datamodule, verbose=False)[0]
-    return trainer.lightning_module, metrics
-
-
-def _assert_same_run(loop, vectorized) -> None:
-    (loop_module, loop_metrics), (vec_module, vec_metrics) = loop, vectorized
-    assert loop_module.executor == "loop" and vec_module.executor == "vectorized"
-    loop_state, vec_state = loop_module.state_dict(), vec_module.state_dict()
-    for name, tensor in loop_state.items():
-        torch.testing.assert_close(vec_state[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
-    torch.testing.assert_close(
-        vec_module.client_state.omega, loop_module.client_state.omega, atol=1e-5, rtol=0
-    )
-    torch.testing.assert_close(
-        vec_module.client_state.label_sums, loop_module.client_state.label_sums, atol=1e-4, rtol=1e-5
-    )
-    assert torch.equal(vec_module.client_state.active, loop_module.client_state.active)
-    assert torch.equal(vec_module.client_state.seen, loop_module.client_state.seen)
-    for name, value in loop_module.round_metrics.items():
-        assert vec_module.round_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
-    for name, value in loop_metrics.items():
-        assert vec_metrics[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
-
-
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_vectorized_executor_equals_the_loop(name):
-    """Same E-step, minibatches, SGD rule and aggregation: the same run up to float summation order."""
-    dm = DigitsFederated(num_clients=12, seed=0)
-    runs = [
-        _fit(STRATEGIES[name](executor), MomentumMLP(hidden=(32,)), dm) for executor in ("loop", "vectorized")
-    ]
-    _assert_same_run(*runs)
-    # The run trained: the weights moved away from the initial copies.
-    initial = lf.ClusteredModule(MomentumMLP(hidden=(32,)), runs[0][0].num_clusters).state_dict()
-    assert any(not torch.equal(initial[n], t) for n, t in runs[1][0].state_dict().items())
-
-
-def test_vectorized_executor_equals_the_loop_for_regression():
-    dm = FedSoftSynthetic(num_clients=10, pattern="linear", min_samples=30, max_samples=70, seed=0)
-    runs = [
-        _fit(
-            lf.FedEMStrategy(2, local_epochs=2, executor=executor),
-            LinearRegressor(10, 1, optimizer="sgd", lr=0.01),
-            dm,
-        )
-        for executor in ("loop", "vectorized")
-    ]
-    _assert_same_run(*runs)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import yaml
 from lightning_fedcluster.cli import run_cli
 from tests.conftest import NEEDS_VISION
 
-EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def write_electricity_like(path: Path, n: int = 1500, seed: int = 0) -> Path:

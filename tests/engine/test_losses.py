@@ -1,12 +1,14 @@
-"""No-grad passes hold at most PASS_ACTIVATION_BYTES of activations: wide models get fewer rows
-per pass (K times fewer when K models run at once), small ones keep eval_batch_size."""
+"""engine/losses.py: no-grad passes hold at most PASS_ACTIVATION_BYTES of activations (wide models get
+fewer rows per pass, K times fewer when K models run at once; small ones keep eval_batch_size), and
+the default regression loss is the per-sample squared error."""
 
 from __future__ import annotations
 
 import torch
 
+import lightning_fedcluster as lf
 from lightning_fedcluster.engine.losses import PASS_ACTIVATION_BYTES, activation_bytes_per_sample, pass_rows
-from lightning_fedcluster.models import FashionCNN, MLPClassifier
+from lightning_fedcluster.models import FashionCNN, LinearRegressor, MLPClassifier
 
 
 def test_a_cnn_pass_is_bounded_by_activation_bytes_and_an_mlp_keeps_its_cap():
@@ -19,3 +21,11 @@ def test_a_cnn_pass_is_bounded_by_activation_bytes_and_an_mlp_keeps_its_cap():
     assert stacked * 3 * per_row <= PASS_ACTIVATION_BYTES and stacked < rows
     assert pass_rows(MLPClassifier(), torch.rand(2, 64), 4096) == 4096
     assert pass_rows(MLPClassifier(), torch.rand(2, 64), 100) == 100  # never above eval_batch_size
+
+
+def test_regression_default_loss_is_the_per_sample_squared_error(synthetic):
+    module = lf.ClusteredModule(LinearRegressor(10, 1, bias=False), 2, seed=0)
+    module.task = "regression"
+    x, y = synthetic.train_split(0)
+    expected = (module.models[1](x).squeeze(1) - y).square()
+    torch.testing.assert_close(module.per_sample_loss(1, x, y), expected)

@@ -1,6 +1,6 @@
-"""trainer.predict and module.predict: every client predicted with its own mixture weights (the
-evaluation's mixture), global clients with the ω adapted on their labels, clients without labels
-with the mixture prior; on both executors and every way a Lightning user calls predict."""
+"""prediction.py: trainer.predict and module.predict: every client predicted with its own mixture
+weights (the evaluation's mixture), global clients with the ω adapted on their labels; on both
+executors and every way a Lightning user calls predict."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from torch.utils.data import DataLoader, TensorDataset
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
 from lightning_fedcluster.engine.work_items import EvaluationChunk, empty_clients
-from lightning_fedcluster.inference import mixture_prior
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from lightning_fedcluster.prediction import ClientInputs, concat_predictions
 from tests.conftest import make_trainer
@@ -181,20 +180,6 @@ def test_predict_warns_for_untrained_cluster_models(digits):
     trainer = make_trainer(lf.FedRCStrategy(2, local_steps=2), max_epochs=1)
     with pytest.warns(UserWarning, match="took part in no training round"):
         trainer.predict(MLPClassifier(hidden=(16,)), datamodule=digits)
-
-
-def test_mixture_prior_by_hand():
-    omega = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
-    sizes, seen = torch.tensor([10, 20, 30]), torch.tensor([True, True, False])
-    active = torch.ones(3, dtype=torch.bool)
-    prior = mixture_prior(omega, sizes, seen, active)
-    torch.testing.assert_close(prior, torch.tensor([20 / 30, 10 / 30, 0.0], dtype=torch.float64))
-    only_first = mixture_prior(omega, sizes, seen, torch.tensor([True, False, True]))
-    torch.testing.assert_close(only_first, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
-    none_seen = mixture_prior(
-        omega, sizes, torch.zeros(3, dtype=torch.bool), torch.tensor([True, False, True])
-    )
-    torch.testing.assert_close(none_seen, torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64))
 
 
 def test_regression_predictions_are_what_the_test_scores():

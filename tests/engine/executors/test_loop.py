@@ -1,0 +1,38 @@
+"""engine/executors/loop.py: fine-tuning (``finetune_epochs``) changes local accuracy, not the models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_fedcluster import (
+    FedRCStrategy,
+)
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+from tests.conftest import make_trainer
+from tests.helpers.weights import cluster_weights
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return DigitsFederated(num_clients=12, concepts=3, seed=0)
+
+
+def test_finetuning_changes_local_accuracy_but_not_the_models(digits):
+    results = {}
+    for epochs in (0, 1):
+        trainer = make_trainer(
+            FedRCStrategy(
+                3, clients_per_round=6, local_steps=2, finetune_epochs=epochs, shared_layers=("net.0",)
+            ),
+            max_epochs=2,
+            limit_val_batches=0,
+        )
+        trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
+        before = cluster_weights(trainer.lightning_module)
+        results[epochs] = trainer.test(trainer.lightning_module, datamodule=digits, verbose=False)[0]
+        after = cluster_weights(trainer.lightning_module)
+        assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert results[1]["test/local_acc"] != results[0]["test/local_acc"]
+    assert results[1]["test/global_acc"] == results[0]["test/global_acc"]
