@@ -1,7 +1,7 @@
 """The shell commands the documentation tells users to type: ``fedcluster`` commands parse (with
 ``--print_config``, so nothing trains), benchmark commands name flags their scripts take, and
 pip commands name extras that pyproject.toml defines. The Flower deployment commands run in
-tests/flower/test_deployment.py; the README's test command runs in .ci/run."""
+tests/flower/test_docs_deployment.py; the README's test command runs in .ci/run."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ import torch
 
 from lightning_fedcluster.flower import FlowerApps
 from lightning_fedcluster.models import MLPClassifier
+from tests.docs.test_new_algorithm import _datamodule, _example, _fit, _strategy
 from tests.flower.local_grid import partitions, run_local
-from tests.integration.test_readme_new_algorithm import _datamodule, _example, _fit, _strategy
 
 
 def test_the_one_file_algorithm_runs_on_flowers_grid_as_on_lightning(task_identity):
