@@ -23,8 +23,9 @@ def check_training_setup(strategy: Any, datamodule: Any, num_clusters: int, data
     with the module's."""
     if not isinstance(getattr(type(strategy), "plan", None), property):
         raise TypeError(
-            f"ClusteredModule trains under a federated strategy, got {type(strategy).__name__}: "
-            "pass e.g. Trainer(strategy=FedRCStrategy(num_clusters=3))"
+            f"ClusteredModule trains, tests and predicts under a federated strategy, got "
+            f"{type(strategy).__name__}: pass the one it trained with, e.g. "
+            "Trainer(strategy=FedRCStrategy(num_clusters=3))"
         )
     if not isinstance(datamodule, datamodule_type):
         raise TypeError(

@@ -3,7 +3,8 @@
 ``FlowerApps`` builds a ``ServerApp`` that drives rounds with the library's own rules and server
 hooks, and a ``ClientApp`` that runs each node's clients through the same client contract as
 the Lightning loop executor; ``simulate`` runs both in Flower's simulation runtime and returns
-the trained ``ClusteredModule``. Needs the ``flower`` extra.
+the trained ``ClusteredModule``; ``load_run`` loads a run's ``save-path`` file back into one.
+Needs the ``flower`` extra.
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.flower.apps import FlowerApps
 from lightning_fedcluster.flower.node import NodeConfigError
 from lightning_fedcluster.flower.plan import check_supported
+from lightning_fedcluster.flower.results import SavedRun, load_run, read_run
 from lightning_fedcluster.flower.simulation import simulate
 
-__all__ = ["FlowerApps", "NodeConfigError", "TrainingPlan", "check_supported", "simulate"]
+__all__ = [
+    "FlowerApps",
+    "NodeConfigError",
+    "SavedRun",
+    "TrainingPlan",
+    "check_supported",
+    "load_run",
+    "read_run",
+    "simulate",
+]

@@ -19,6 +19,7 @@ def simulate(
     log_dir: str | None = None,
     num_cpus: int | None = None,
     eval_every: int | None = None,
+    save_path: str | None = None,
 ) -> Any:
     """Train ``module`` with ``strategy`` for ``num_rounds`` rounds on ``num_supernodes`` simulated
     Flower nodes, each holding one block of the datamodule's clients, and return the trained
@@ -28,6 +29,11 @@ def simulate(
     ``num_cpus``: CPUs Flower's Ray backend may use (default: all); each node's ClientApp takes one.
     ``eval_every``: the nodes' validation pass every this many rounds and after the last
     (``val/local_acc`` in the round metrics and ``log_dir``), as ``FlowerApps``.
+    ``save_path``: the server saves the run there after the last round, every client's state
+    included (``load_run`` loads it back).
+
+    Test or predict with the returned module under the same strategy:
+    ``Trainer(strategy=strategy).test(module, datamodule=datamodule)``.
     """
     check_positive_int("num_rounds", num_rounds)
     check_positive_int("num_supernodes", num_supernodes)
@@ -39,7 +45,7 @@ def simulate(
     strategy.check_datamodule(datamodule)
     apps = FlowerApps(
         strategy, module, datamodule, num_rounds=num_rounds, min_nodes=num_supernodes, log_dir=log_dir,
-        collect_client_state=True, eval_every=eval_every,
+        collect_client_state=True, eval_every=eval_every, save_path=save_path,
     )  # fmt: skip
     return simulate_apps(apps, num_supernodes, num_cpus=num_cpus)
 

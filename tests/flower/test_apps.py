@@ -3,8 +3,13 @@ partition of the clients each, chosen by ``--node-config``) and ``flwr run`` of 
 Flower app project that uses the library's apps. It finishes 3 rounds and matches the
 simulation; a SuperNode killed in the middle of a round is dropped and the run completes.
 
-Every message starts a ClientApp process on its SuperNode (Flower's subprocess isolation), so a
-deployed round costs a Python start with torch and Lightning per node."""
+The SuperNodes here are stock ``flower-supernode`` processes, on purpose: the library's apps must
+also work on Flower's own SuperNode, which starts a ClientApp process for every message (its
+subprocess isolation; a Python start with torch and Lightning per message and node). The
+deployment the docs describe runs ``fedcluster flower supernode`` instead
+(``lightning_fedcluster/flower/supernode.py``: Flower's SuperNode with a long-running ClientApp
+runner in the same process, the library, model and clients loaded once per run), which
+tests/flower/test_docs_deployment.py runs."""
 
 from __future__ import annotations
 
