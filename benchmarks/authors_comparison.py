@@ -384,6 +384,8 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         options["server_lr"] = args.server_lr
     if args.server_momentum is not None:
         options["server_momentum"] = args.server_momentum
+    if args.optimizer_state_dtype != "float32":
+        options["optimizer_state_dtype"] = args.optimizer_state_dtype
     return options
 
 
@@ -461,6 +463,10 @@ def main() -> None:
     r.add_argument("--data", required=True)
     r.add_argument("--rounds", type=int, default=25)
     r.add_argument("--optimizer-state", choices=("reset", "persist"), default="reset")
+    r.add_argument(
+        "--optimizer-state-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+        help="dtype of the persistent optimizer-state store (with --optimizer-state persist)",
+    )  # fmt: skip
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--server-optimizer", choices=("none", "momentum", "adam"), default="none")
     r.add_argument("--server-lr", type=float, default=1.0, help="η_g")

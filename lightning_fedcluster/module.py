@@ -207,7 +207,9 @@ class ClusteredModule(
             self.optimizer_layout = None
             if self.plan.persists_optimizer_state:
                 self.optimizer_layout = persistent_layout(self.models, self.trainer)
-                report_store_size(self.optimizer_layout, datamodule.num_clients)
+                report_store_size(
+                    self.optimizer_layout, datamodule.num_clients, self.plan.optimizer_store_dtype
+                )
         shape = (datamodule.num_clients, self.num_state_classes, self.num_clusters)
         state = self.client_state
         if state is None or (state.num_clients, state.label_sums.shape[1], state.num_clusters) != shape:
@@ -300,6 +302,7 @@ class ClusteredModule(
             estimate=self._estimation_pass,
             device=self.device,
             optimizer_size=None if self.optimizer_layout is None else self.optimizer_layout.size,
+            optimizer_in_store=strategy.world_size == 1,
             num_rounds=None if last is None or last < 0 else last,
             say=rank_zero_info,
         )

@@ -21,8 +21,8 @@ class ClientState:
     """ω [M, K] (mixture weights or one-hot assignments, float64), label_sums [M, C, K] (latest S_i
     reported by each client), seen [M] (reported at least once), active [K] (cluster alive),
     extra {name: [M, ...] or [N_total, ...]}, personal {client: flat float32 model} and, with
-    ``optimizer_state="persist"``, optimizer {client: flat float32 local-optimizer state} with
-    optimizer_started [M, K] (whether client i's state for copy k exists)."""
+    ``optimizer_state="persist"``, optimizer {client: flat local-optimizer state, in
+    ``optimizer_dtype``} with optimizer_started [M, K] (whether client i's state for copy k exists)."""
 
     omega: Tensor
     label_sums: Tensor
@@ -32,6 +32,7 @@ class ClientState:
     personal: dict[int, Tensor] = field(default_factory=dict)
     optimizer: dict[int, Tensor] = field(default_factory=dict)
     optimizer_started: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+    optimizer_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         if self.active.numel() != self.omega.shape[1]:
@@ -127,7 +128,7 @@ class ClientState:
         self.optimizer_started = torch.zeros(self.omega.shape, dtype=torch.bool)
         if "optimizer.ids" in state:
             for i, vector in zip(state["optimizer.ids"].tolist(), state["optimizer.vectors"], strict=True):
-                self.optimizer[int(i)] = vector.clone()
+                self.optimizer[int(i)] = vector.to(self.optimizer_dtype, copy=True)
             self.optimizer_started = state["optimizer.started"].clone()
 
 

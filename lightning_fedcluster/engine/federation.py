@@ -46,6 +46,7 @@ def initial_client_state(
         }
     state.extra.update(extras)
     state.active = plan.rule.initial_active()
+    state.optimizer_dtype = plan.optimizer_store_dtype
     return state
 
 
@@ -105,6 +106,8 @@ class RoundDriver:
             engine scores local data; the Flower server asks its nodes).
         device: where the round's accumulators live.
         optimizer_size: length of a client's persistent optimizer-state vector (None: reset).
+        optimizer_in_store: write each client's optimizer state straight into the store as it
+            finishes (one process: no round buffer of every client's state to sum).
         personal_vectors: whether the clients' personal models come back to the server (the
             Lightning engine keeps them in its store; Flower nodes keep their own).
         num_rounds: rounds in the run (None: unbounded); no estimation pass after the last.
@@ -123,6 +126,7 @@ class RoundDriver:
         estimate: Callable[[int], Tensor] | None = None,
         device: torch.device | None = None,
         optimizer_size: int | None = None,
+        optimizer_in_store: bool = False,
         personal_vectors: bool = True,
         num_rounds: int | None = None,
         say: Callable[[str], None] = print,
@@ -131,6 +135,7 @@ class RoundDriver:
         self.plan, self.state, self.schedule, self.clients = plan, state, schedule, clients
         self.estimate, self.device = estimate, device or torch.device("cpu")
         self.optimizer_size, self.personal_vectors = optimizer_size, personal_vectors
+        self.optimizer_in_store = optimizer_in_store
         self.num_rounds, self.say, self.check_action = num_rounds, say, check_action
         self.first_loss: float | None = None  # the divergence checks' state (engine/setup_checks.py)
         self.chance_rounds = 0
@@ -168,6 +173,7 @@ class RoundDriver:
             vectors.vector_size(self.state.copies, rule, state) if sends else 0,
             self.device,
             optimizer_size=self.optimizer_size,
+            optimizer_in_store=self.optimizer_in_store,
         )
         round_state.membership = rule.round_membership(round_index, state, sizes, self.plan.seed)
         return round_state

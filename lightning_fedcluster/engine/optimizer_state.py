@@ -1,11 +1,12 @@
 """Per-(client, cluster) optimizer state kept across rounds (``optimizer_state="persist"``), as
 the FedRC authors' code keeps one SGD optimizer, momentum included, per client and cluster.
 
-A client's state is one flat float32 vector laid out by ``StateLayout`` (every state tensor of
-every parameter of every copy, in the local optimizer's parameter order) plus a [K] flag per
-copy saying whether its state exists yet (torch's SGD treats the first step without a momentum
-buffer differently). Vectors live on the CPU in the client store; only the client being trained
-has its state on the accelerator.
+A client's state is one flat vector laid out by ``StateLayout`` (every state tensor of every
+parameter of every copy, in the local optimizer's parameter order) plus a [K] flag per copy saying
+whether its state exists yet (torch's SGD treats the first step without a momentum buffer
+differently). Vectors live on the CPU in the client store, float32 by default or bfloat16/float16
+(``optimizer_state_dtype``: half the memory, the state rounded once per round); only the client
+being trained has its state on the accelerator, in the optimizer's own dtype.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import local_optimizer
 
 OPTIMIZER_STATES = ("reset", "persist")
+STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPORT_BYTES = 2**30  # print the store's size at fit start above 1 GB
 
 
@@ -95,11 +98,47 @@ def persistent_layout(models: Sequence[nn.Module], trainer: Any = None) -> State
     return state_layout(optimizer, copy_index(models, optimizer))
 
 
-def report_store_size(layout: StateLayout, num_clients: int) -> None:
+def check_optimizer_state(optimizer_state: str, dtype: str, shared_layers: Sequence[str]) -> None:
+    """The strategy's ``optimizer_state`` and ``optimizer_state_dtype``, refused before training."""
+    if optimizer_state not in OPTIMIZER_STATES:
+        raise ValueError(
+            f"optimizer_state must be one of {OPTIMIZER_STATES} ('persist' keeps every (client, cluster) "
+            f"optimizer state across rounds, as the FedRC authors' code does), got {optimizer_state!r}"
+        )
+    if optimizer_state == "persist" and shared_layers:
+        raise ValueError(
+            "optimizer_state='persist' does not support shared_layers (a tied extractor's state would "
+            "belong to every cluster at once): use optimizer_state='reset' with shared_layers"
+        )
+    if dtype not in STORE_DTYPES:
+        raise ValueError(
+            f"optimizer_state_dtype must be one of {tuple(STORE_DTYPES)} (the dtype the persistent "
+            f"optimizer state is stored in between rounds), got {dtype!r}"
+        )
+    if dtype != "float32" and optimizer_state != "persist":
+        raise ValueError(
+            f"optimizer_state_dtype={dtype!r} applies to the store of optimizer_state='persist'; "
+            f"with optimizer_state={optimizer_state!r} nothing is stored: give optimizer_state='persist' "
+            "or drop the dtype"
+        )
+
+
+def store_state(state: ClientState, key: int, vector: Tensor, started: Tensor) -> None:
+    """Client ``key``'s optimizer state after training into the store, in the store's dtype
+    (``state.optimizer_dtype``): in place once the client has a vector (allocated once per client)."""
+    stored = state.optimizer.get(key)
+    if stored is None:
+        state.optimizer[key] = vector.detach().to("cpu", dtype=state.optimizer_dtype, copy=True)
+    else:
+        stored.copy_(vector)
+    state.optimizer_started[key] = started
+
+
+def report_store_size(layout: StateLayout, num_clients: int, dtype: torch.dtype = torch.float32) -> None:
     """Say once, at fit start, how large the store may grow when it exceeds 1 GB."""
     from lightning.pytorch.utilities import rank_zero_info
 
-    total = num_clients * layout.size * 4
+    total = num_clients * layout.size * dtype.itemsize
     if total > REPORT_BYTES:
         rank_zero_info(
             f"optimizer_state='persist' keeps up to {total / 2**30:.1f} GB of optimizer state on the CPU "
@@ -110,7 +149,8 @@ def report_store_size(layout: StateLayout, num_clients: int) -> None:
 def load_state(
     optimizer: torch.optim.Optimizer, layout: StateLayout, vector: Tensor | None, started: Tensor | None
 ) -> None:
-    """Fresh state, then the client's stored state for every copy whose state exists."""
+    """Fresh state, then the client's stored state for every copy whose state exists (a float32
+    store on the parameters' device is used in place; another dtype or device is copied)."""
     optimizer.state.clear()
     if vector is None or started is None:
         return

@@ -10,8 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
+from lightning_fedcluster.engine.optimizer_state import STORE_DTYPES
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,8 @@ class TrainingPlan:
     ``name``: the algorithm as the user chose it (the strategy's name without "Strategy"; FedEM
     and FedRC share a rule class). ``rule``: the algorithm's rules (plain tensors). The local step
     plan is ``local_steps`` or ``local_epochs`` passes (``drop_last``); ``optimizer_state`` is
-    "reset" or "persist"; ``server_lr`` and ``server_optimizer`` make the server step;
+    "reset" or "persist", whose store holds ``optimizer_state_dtype`` ("float32", "bfloat16",
+    "float16"); ``server_lr`` and ``server_optimizer`` make the server step;
     ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation;
     ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning.
     """
@@ -35,6 +39,7 @@ class TrainingPlan:
     drop_last: bool = False
     shared_layers: tuple[str, ...] = ()
     optimizer_state: str = "reset"
+    optimizer_state_dtype: str = "float32"
     logits_from: Any = None
     server_lr: float = 1.0
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
@@ -46,3 +51,8 @@ class TrainingPlan:
     @property
     def persists_optimizer_state(self) -> bool:
         return self.optimizer_state == "persist"
+
+    @property
+    def optimizer_store_dtype(self) -> torch.dtype:
+        """The torch dtype of the persistent optimizer-state store."""
+        return STORE_DTYPES[self.optimizer_state_dtype]

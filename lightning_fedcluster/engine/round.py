@@ -18,6 +18,7 @@ from lightning_fedcluster.algorithms.base import Algorithm, ClientReport
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.client import ClientWork
 from lightning_fedcluster.engine.copies import Snapshot
+from lightning_fedcluster.engine.optimizer_state import store_state
 from lightning_fedcluster.engine.round_buffer import RoundBuffer
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
 
@@ -39,6 +40,7 @@ class RoundState:
         vector_size: int,
         device: torch.device,
         optimizer_size: int | None = None,
+        optimizer_in_store: bool = False,
     ) -> None:
         self.round_index = round_index
         self.clients = clients
@@ -55,7 +57,12 @@ class RoundState:
             "weights": (k + 1,),
             "metrics": (3,),
         }
-        if optimizer_size is not None:
+        # Persistent optimizer state (optimizer_state="persist"): with ``optimizer_in_store`` (one
+        # process: nothing to sum) each client's state goes straight into the store as it finishes;
+        # otherwise one flat float32 vector per client in a buffer summed over processes.
+        self.optimizer_store = state if optimizer_size is not None and optimizer_in_store else None
+        buffered = optimizer_size is not None and self.optimizer_store is None
+        if buffered:
             shapes["optimizer_started"] = (n, k)
         self.reported_state = [n for n in rule.client_reported_state() if n in state.extra]
         self.per_sample = set(rule.capabilities.per_sample_state)
@@ -66,11 +73,8 @@ class RoundState:
         self.vectors = (
             RoundBuffer({"vectors": (n, vector_size)}, device, torch.float32) if vector_size else None
         )
-        # Persistent optimizer state (optimizer_state="persist"): one flat vector per client.
         self.optimizer = (
-            RoundBuffer({"vectors": (n, optimizer_size)}, device, torch.float32)
-            if optimizer_size is not None
-            else None
+            RoundBuffer({"vectors": (n, optimizer_size)}, device, torch.float32) if buffered else None
         )
         self.membership: Tensor | None = None  # [M, K] clients chosen per cluster (server selection)
 
@@ -112,7 +116,11 @@ class RoundState:
                 self.report[f"extra.{name}"][slot] = value
 
     def record_optimizer(self, slot: int, vector: Tensor, started: Tensor) -> None:
-        """The client's optimizer state after training (``optimizer_state="persist"``)."""
+        """The client's optimizer state after training (``optimizer_state="persist"``): into the
+        store now (``optimizer_in_store``), else into the round's buffer."""
+        if self.optimizer_store is not None:
+            store_state(self.optimizer_store, int(self.clients[slot]), vector, started)
+            return
         assert self.optimizer is not None
         self.optimizer["vectors"][slot] = vector
         self.report["optimizer_started"][slot] = started.to(self.report.flat)

@@ -12,6 +12,7 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import RoundOutcome
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.optimizer_state import store_state
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.task import Task
 
@@ -33,17 +34,11 @@ def record_round(rule: Algorithm, state: ClientState, round_state: RoundState, t
                 target[rows] = values[start:stop].to(target.dtype)
         else:
             target[clients] = values[reported].to(target.dtype)
-    if round_state.optimizer is not None:
+    if round_state.optimizer is not None:  # the summed buffer (else already in the store)
         states = round_state.optimizer["vectors"].cpu()
         started = round_state.report["optimizer_started"].cpu() > 0
         for slot in slots:
-            client = int(round_state.clients[slot])
-            stored = state.optimizer.get(client)
-            if stored is None:
-                state.optimizer[client] = states[slot].clone()
-            else:
-                stored.copy_(states[slot])  # in place: the store is allocated once per client
-            state.optimizer_started[client] = started[slot]
+            store_state(state, int(round_state.clients[slot]), states[slot], started[slot])
     if rule.capabilities.personal_models and round_state.vectors is not None:
         vectors = round_state.vectors["vectors"].cpu()
         for slot in slots:

@@ -208,7 +208,7 @@ class NodeRuntime:
         round_state = RoundState(
             round_index, rows, self.sizes[rows], snapshot, self.plan.rule, state, self.num_classes,
             vectors.vector_size(self.copies, self.plan.rule, state), self.setup.device,
-            optimizer_size=None if layout is None else layout.size,
+            optimizer_size=None if layout is None else layout.size, optimizer_in_store=True,
         )  # fmt: skip
         round_state.membership = info.get("membership")
         self.copies.models.train()

@@ -52,6 +52,12 @@ def unsupported_reason(strategy: Any) -> str | None:
         return "reseed_threshold splits the clients' ω and γ of a cluster, which the nodes do not mirror"
     if type(rule).mix_personal is not Algorithm.mix_personal or rule.capabilities.personal_copies != 1:
         return "it mixes the clients' personal models on the server (D-FedEM)"
+    if getattr(strategy, "optimizer_state_dtype", "float32") != "float32":
+        return (
+            f"optimizer_state_dtype={strategy.optimizer_state_dtype!r}: a node keeps its store in Flower's "
+            "numpy arrays, which have no bfloat16, and the half-precision store is tested on the "
+            "Lightning engine only (give optimizer_state_dtype='float32')"
+        )
     return None
 
 

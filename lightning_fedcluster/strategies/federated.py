@@ -26,7 +26,7 @@ from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.engine.executors.select import EXECUTORS
-from lightning_fedcluster.engine.optimizer_state import OPTIMIZER_STATES
+from lightning_fedcluster.engine.optimizer_state import check_optimizer_state
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
@@ -82,6 +82,8 @@ class FederatedStrategy(DDPStrategy):
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
             rounds on the CPU, as the FedRC authors' code does; memory clients × K × parameters
             per state tensor).
+        optimizer_state_dtype: the dtype of that store between rounds: "float32" (exact) or
+            "bfloat16" / "float16" (half the memory; the state is rounded once per round).
         logits_from: where the logits are in a forward that returns a dict or tuple (a key, an
             index, or a callable output -> logits) when the strategy wraps a plain LightningModule.
         process arguments: ``accelerator``, ``parallel_devices``, ``cluster_environment``,
@@ -113,6 +115,7 @@ class FederatedStrategy(DDPStrategy):
         executor: str = "auto",
         clients_per_chunk: int | None = None,
         optimizer_state: str = "reset",
+        optimizer_state_dtype: str = "float32",
         drop_last: bool = False,
         logits_from: LogitsFrom = None,
         server_optimizer: str = "none",
@@ -144,16 +147,7 @@ class FederatedStrategy(DDPStrategy):
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         check_positive_int("clients_per_chunk", clients_per_chunk, allow_none=True)
-        if optimizer_state not in OPTIMIZER_STATES:
-            raise ValueError(
-                f"optimizer_state must be one of {OPTIMIZER_STATES} ('persist' keeps every (client, cluster) "
-                f"optimizer state across rounds, as the FedRC authors' code does), got {optimizer_state!r}"
-            )
-        if optimizer_state == "persist" and shared_layers:
-            raise ValueError(
-                "optimizer_state='persist' does not support shared_layers (a tied extractor's state would "
-                "belong to every cluster at once): use optimizer_state='reset' with shared_layers"
-            )
+        check_optimizer_state(optimizer_state, optimizer_state_dtype, shared_layers)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         self.server_optimizer_config = ServerOptimizerConfig.from_arguments(
@@ -183,6 +177,7 @@ class FederatedStrategy(DDPStrategy):
         self.clients_per_chunk = clients_per_chunk
         # Not `optimizer_state`: that name is Strategy.optimizer_state(), which checkpoints call.
         self.local_optimizer_state = optimizer_state
+        self.optimizer_state_dtype = optimizer_state_dtype
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
         if drop_last and local_epochs is None:
@@ -252,6 +247,7 @@ class FederatedStrategy(DDPStrategy):
             drop_last=self.drop_last,
             shared_layers=tuple(self.shared_layers),
             optimizer_state=self.local_optimizer_state,
+            optimizer_state_dtype=self.optimizer_state_dtype,
             logits_from=self.logits_from,
             server_lr=self.server_lr,
             server_optimizer=self.server_optimizer_config,
