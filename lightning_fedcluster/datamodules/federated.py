@@ -21,7 +21,6 @@ from typing import Any
 import lightning.pytorch as pl
 from torch import Tensor
 
-from lightning_fedcluster.datamodules.allocator import fix_mmap_threshold
 from lightning_fedcluster.datamodules.builders import ScenarioBuilders
 from lightning_fedcluster.datamodules.clients import build_clients, dataset_to_tensors
 from lightning_fedcluster.datamodules.evaluation_splits import (
@@ -95,8 +94,6 @@ class FederatedDataModule(ScenarioBuilders["FederatedDataModule"], pl.LightningD
         seed: int = 0,
     ) -> None:
         super().__init__()
-        # Before any split is copied: freed tensors then go back to the system (allocator.py).
-        fix_mmap_threshold()
         check_batch_size(batch_size)
         self._val_share = val_share_arg(val_share)
         self._adapt_fraction = adapt_fraction_arg(adapt_fraction)

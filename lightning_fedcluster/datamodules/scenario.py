@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.datamodules import partition
-from lightning_fedcluster.datamodules.allocator import fix_mmap_threshold
 from lightning_fedcluster.datamodules.metadata import ClientMetadata
 from lightning_fedcluster.datamodules.shifts import (
     ALL_CORRUPTIONS,
@@ -85,7 +84,6 @@ def build_scenario(
     adapt/score (`FederatedDataModule`'s val_share, adapt_fraction and seed: pass this seed there
     too, as `from_tensors` does).
     """
-    fix_mmap_threshold()  # before the clients' rows are copied (allocator.py)
     x, y = _check_tensors(x, y)
     if global_test is not None:
         if global_test_fraction not in (None, 0, 0.0):
