@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, LocalPlan
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.seeds import FINETUNE_ORDER
+from lightning_fedcluster.allocator import release_free_heap
 from lightning_fedcluster.engine import vectors
 from lightning_fedcluster.engine.client import (
     ClientWork,
@@ -117,6 +118,7 @@ def start_turn(
     """The round's global weights into the working copies, the client's optimizer state (fresh,
     or ``stored`` (vector, started flags) with a persistent layout), its E-step pass and plan
     (the client contract with one client), and its training metrics into the round's sums."""
+    release_free_heap()  # the last client's freed activations, so the heap cannot fragment and grow
     client, round_index = context.client, context.round_index
     torch.manual_seed(derive_seed(setup.seed, round_index, client))  # dropout etc.: rank-independent
     setup.copies.load((round_state.global_clusters, round_state.global_shared))
