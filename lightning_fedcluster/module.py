@@ -266,8 +266,9 @@ class ClusteredModule(
         )
 
     def round_steps(self, clients: list[int]) -> Tensor:
-        """Local steps of the given clients this round."""
-        return self.trainer.strategy.round_schedule(self.trainer.datamodule).steps_per_client[clients]
+        """Local steps of the given clients this round (the driver's schedule)."""
+        assert self.driver is not None
+        return self.driver.schedule.steps_per_client[clients]
 
     def per_sample_loss(self, k: int, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
         """Loss of every sample under cluster model k, shape [N]."""

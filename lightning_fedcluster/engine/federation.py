@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import ServerAction
+from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.copies import ClusterCopies
@@ -141,7 +142,7 @@ class RoundDriver:
         self.chance_rounds = 0
 
     @property
-    def rule(self):  # noqa: ANN201 - the plan's Algorithm
+    def rule(self) -> Algorithm:
         return self.plan.rule
 
     # -- the round's sequence ----------------------------------------------------------------
