@@ -1,6 +1,11 @@
 """The authors' side of ``authors_trace.py`` (run in a child process): their unmodified
 ``run_experiment`` on the trace's clients, initial weights and minibatches, recorded round by round.
-What is replaced at run time, and why, is listed in ``authors_trace.py``'s docstring."""
+What is replaced at run time, and why, is listed in ``authors_trace.py``'s docstring.
+
+With ``args.native`` (``authors_takeoff.py``) their own randomness is kept instead: their seeded
+initial weights, their shuffled training loader (``shuffle=True, drop_last=True``, as their loader
+builds it), no per-round evaluation (``log_freq`` beyond the last round); each round records ω and
+log C only, and the cluster weights at the rounds in ``args.keep_weights``."""
 
 from __future__ import annotations
 
@@ -28,8 +33,9 @@ def authors_side(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     data, out = Path(args.data).resolve(), Path(args.out).resolve()
     manifest = json.loads((data / "manifest.json").read_text())
-    library = torch.load(out / "library.pt")
-    initial: torch.Tensor = library["initial"]
+    native = bool(getattr(args, "native", False))
+    keep_weights = set(getattr(args, "keep_weights", ()))
+    initial: torch.Tensor | None = None if native else torch.load(out / "library.pt")["initial"]
     work = out / "authors-cwd"
     (work / "logs" / "fmnist-c").mkdir(parents=True, exist_ok=True)
     os.chdir(work)
@@ -69,6 +75,7 @@ def authors_side(args: argparse.Namespace) -> None:
 
     def ensemble_with_library_init(*a: Any, **kw: Any) -> Any:
         ensemble = original_ensemble(*a, **kw)
+        assert initial is not None
         for k, learner in enumerate(ensemble.learners):
             params = list(learner.model.parameters())
             if sum(p.numel() for p in params) != initial.shape[1]:
@@ -82,6 +89,8 @@ def authors_side(args: argparse.Namespace) -> None:
         val_set = make(list(train), images, labels)
         if client is None:  # a global client: never trained
             train_loader = DataLoader(train_set, batch_size=BATCH, shuffle=False, drop_last=True)
+        elif native:  # their loader's training iterator (utils/utils.py get_loaders)
+            train_loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, drop_last=True)
         else:
             train_loader = DataLoader(train_set, batch_sampler=TraceBatches(client, len(train)))
         return (
@@ -134,6 +143,21 @@ def authors_side(args: argparse.Namespace) -> None:
     def weights_of(client: Any) -> torch.Tensor:
         return torch.as_tensor(client.learners_ensemble.learners_weights).float()
 
+    def record_native(aggregator: Any) -> None:
+        learners0 = aggregator.clients[0].learners_ensemble.learners
+        now = time.process_time()
+        entry = {
+            "omega": torch.stack([weights_of(c) for c in aggregator.clients]),
+            "log_c": torch.log(torch.tensor([list(map(float, lr.labels_weights)) for lr in learners0])).T,
+            "cpu_s": now - clock[0],
+        }
+        if aggregator.c_round in keep_weights:
+            entry["weights"] = torch.stack(
+                [flat(learner.model.parameters()) for learner in aggregator.global_learners_ensemble.learners]
+            )
+        rounds.append(entry)
+        clock[0] = now
+
     def record(aggregator: Any) -> None:
         clients = aggregator.clients
         global_learners = aggregator.global_learners_ensemble.learners
@@ -159,14 +183,15 @@ def authors_side(args: argparse.Namespace) -> None:
 
     def mix(self: Any, *a: Any, **kw: Any) -> Any:
         if self.c_round > 0:
-            record(self)
+            (record_native if native else record)(self)
             print(f"authors: round {self.c_round} recorded", flush=True)
             if self.c_round == args.rounds:
                 raise StopTrace
         Round.index = self.c_round
         return original_mix(self, *a, **kw)
 
-    rx.get_learners_ensemble = ensemble_with_library_init
+    if not native:
+        rx.get_learners_ensemble = ensemble_with_library_init
     rx.init_clients = init_clients
     rx.get_data_dir = lambda experiment: "data/fmnist-c"
     rx.SummaryWriter = NoWriter
@@ -174,7 +199,8 @@ def authors_side(args: argparse.Namespace) -> None:
     aggregator_class.mix = mix
     namespace = argparse.Namespace(
         experiment="fmnist-c", method=METHODS[args.algorithm], n_learners=K, n_rounds=args.rounds, bz=BATCH,
-        lr=LR, lr_scheduler="constant", optimizer="sgd", local_steps=1, log_freq=1, device="cpu",
+        lr=LR, lr_scheduler="constant", optimizer="sgd", local_steps=1, log_freq=args.rounds + 1 if native else 1,
+        device="cpu",
         seed=args.authors_seed, sampling_rate=1.0, mu=0, n_gmm=1, embedding_dimension=None,
         hard_cluster=False, binary=False, phi_model=False, split=False, decentralized=False, lr_lambda=0.0,
         q=1.0, communication_probability=0.1, verbose=0, suffix="trace", domain_disc=False, em_step=1,
@@ -187,5 +213,6 @@ def authors_side(args: argparse.Namespace) -> None:
             rx.run_experiment(namespace)
         except StopTrace:
             pass
-    torch.save({"rounds": rounds}, out / "authors.pt")
-    print(f"authors: {len(rounds)} rounds recorded in {out / 'authors.pt'}", flush=True)
+    target = out / (f"authors-seed{args.authors_seed}.pt" if native else "authors.pt")
+    torch.save({"rounds": rounds, "seed": args.authors_seed}, target)
+    print(f"authors: {len(rounds)} rounds recorded in {target}", flush=True)

@@ -6,9 +6,10 @@ steps of batch 32, the library's MLP. The Flower run uses ``--supernodes`` simul
 Flower's Ray runtime with ``--cpus`` CPUs. Steady-state rounds/s excludes the first round;
 "start + end" is the rest of the wall time (process start-up, Ray, the nodes' describe/export).
 
-``--deployed`` adds a localhost deployment of the same workload: ``flower-superlink``, two
-``fedcluster flower supernode`` processes (``--insecure``: a local try) and ``flwr run --stream``;
-its seconds per round are the server's progress lines.
+``--deployed`` adds a localhost deployment of the same workload, as docs/how-to/flower.md deploys
+it: ``flower-superlink`` with TLS and SuperNode authentication, two registered ``fedcluster flower
+supernode`` processes and ``flwr run --stream`` (``--insecure``: without TLS and keys, a local
+try); its seconds per round are the server's progress lines.
 
     OMP_NUM_THREADS=1 python benchmarks/flower_vs_lightning.py --rounds 10 --deployed
 """
@@ -75,8 +76,10 @@ client = apps.client_app()
 """
 
 
-def deployed(rounds: int) -> tuple[list[float], float, dict]:
-    """The workload on a localhost SuperLink and two ``fedcluster flower supernode`` processes."""
+def deployed(rounds: int, secure: bool) -> tuple[list[float], float, dict]:
+    """The workload on a localhost SuperLink and two ``fedcluster flower supernode`` processes,
+    as docs/how-to/flower.md deploys it: TLS from the app's ``certificates.sh`` and SuperNode
+    authentication with registered keys (``secure``), or ``--insecure`` (a local try)."""
     import re
     import signal
     import socket
@@ -97,37 +100,64 @@ def deployed(rounds: int) -> tuple[list[float], float, dict]:
     write_app(app)
     (app / "fedcluster_app.py").write_text(APP)
     (root / "home").mkdir()
-    (root / "home" / "config.toml").write_text(
-        f'[superlink.bench]\naddress = "127.0.0.1:{link}"\ninsecure = true\n'
-    )
     here = Path(__file__).resolve().parents[1]
     env = {**os.environ, "FLWR_HOME": str(root / "home"), "FLWR_TELEMETRY_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     bin_dir = Path(sys.executable).parent
-    superlink = [str(bin_dir / "flower-superlink"), "--insecure", "--port", link]
-    commands = [
-        [*superlink, "--disable-runtime-dependency-installation"],
-        *[[str(bin_dir / "fedcluster"), "flower", "supernode", "--insecure", "--superlink",
-           f"127.0.0.1:{link}", "--port", port(), "--node-config", f"partition-id={i} num-partitions=2"]
-          for i in range(2)],
-    ]  # fmt: skip
-    processes = [
-        subprocess.Popen(c, cwd=app, env=env, stdout=open(root / f"{n}.log", "w"), stderr=subprocess.STDOUT,
-                         start_new_session=True)
-        for n, c in enumerate(commands)
-    ]  # fmt: skip
+    superlink = [
+        str(bin_dir / "flower-superlink"),
+        "--port",
+        link,
+        "--disable-runtime-dependency-installation",
+    ]
+    supernode = [str(bin_dir / "fedcluster"), "flower", "supernode", "--superlink", f"127.0.0.1:{link}"]
+    if secure:
+        subprocess.run(
+            ["./certificates.sh", "localhost", "2"], cwd=app, env=env, check=True, capture_output=True
+        )
+        connection = f'root-certificates = "{app / "certificates" / "ca.crt"}"'
+        superlink += ["--ssl-ca-certfile", "certificates/ca.crt", "--ssl-certfile", "certificates/server.pem",
+                      "--ssl-keyfile", "certificates/server.key", "--enable-supernode-auth"]  # fmt: skip
+        nodes = [[*supernode, "--root-certificates", "certificates/ca.crt", "--auth-supernode-private-key",
+                  f"keys/supernode-{i}"] for i in range(2)]  # fmt: skip
+    else:
+        connection = "insecure = true"
+        superlink.append("--insecure")
+        nodes = [[*supernode, "--insecure"] for _ in range(2)]
+    (root / "home" / "config.toml").write_text(
+        f'[superlink.bench]\naddress = "127.0.0.1:{link}"\n{connection}\n'
+    )
+    commands = [superlink] + [
+        [*node, "--port", port(), "--node-config", f"partition-id={i} num-partitions=2"]
+        for i, node in enumerate(nodes)
+    ]
+    processes = []
+
+    def start(n: int) -> None:
+        log = open(root / f"{n}.log", "w")  # noqa: SIM115 - the process keeps it
+        processes.append(subprocess.Popen(commands[n], cwd=app, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
+
     try:
+        start(0)
         deadline = time.monotonic() + 300
+        for i in range(2 if secure else 0):  # the SuperLink admits registered keys only
+            register = [str(bin_dir / "flwr"), "supernode", "register", f"keys/supernode-{i}.pub", "bench"]
+            while subprocess.run(register, cwd=app, env=env, capture_output=True).returncode != 0:
+                assert time.monotonic() < deadline, (root / "0.log").read_text()[-3000:]
+                time.sleep(0.5)
+        start(1)
+        start(2)
         while (root / "0.log").read_text().count("Activated node_id") < 2:
             assert time.monotonic() < deadline, (root / "0.log").read_text()[-3000:]
             time.sleep(0.5)
-        start = time.perf_counter()
+        started = time.perf_counter()
         done = subprocess.run(
             [str(bin_dir / "flwr"), "run", ".", "bench", "--stream", "--run-config",
              f"num-server-rounds={rounds} eval-every=0 round-timeout=0"],
             cwd=app, env=env, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
-        total = time.perf_counter() - start
+        total = time.perf_counter() - started
     finally:
         for process in processes:
             os.killpg(process.pid, signal.SIGKILL)
@@ -151,6 +181,11 @@ def main() -> None:
     parser.add_argument("--supernodes", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--deployed", action="store_true", help="also a localhost Flower deployment")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="deployed without TLS and SuperNode authentication (a local try)",
+    )
     args = parser.parse_args()
     set_threads(1)
     quiet()
@@ -159,7 +194,7 @@ def main() -> None:
     flower_rounds, flower_total, flower_weights = flower(args.rounds, args.supernodes, args.cpus)
     gap = max(float((flower_weights[k] - v).abs().max()) for k, v in light_weights.items())
     if args.deployed:
-        deployed_rounds, deployed_total, deployed_weights = deployed(args.rounds)
+        deployed_rounds, deployed_total, deployed_weights = deployed(args.rounds, secure=not args.insecure)
         deployed_gap = max(float((deployed_weights[k] - v).abs().max()) for k, v in light_weights.items())
     print(machine_line())
     print(f"command: {command_line()}")
@@ -167,7 +202,8 @@ def main() -> None:
     print(row("Lightning engine (loop)", light_rounds, light_total))
     print(row(f"Flower simulation ({args.supernodes} nodes, {args.cpus} CPUs)", flower_rounds, flower_total))
     if args.deployed:
-        print(row("Flower deployed (2 supernodes)", deployed_rounds, deployed_total))
+        how = "insecure" if args.insecure else "TLS + auth"
+        print(row(f"Flower deployed (2 supernodes, {how})", deployed_rounds, deployed_total))
     print(f"max |weight difference| after {args.rounds} rounds: {gap:.2e}")
     if args.deployed:
         print(f"max |weight difference|, deployed vs Lightning: {deployed_gap:.2e}")

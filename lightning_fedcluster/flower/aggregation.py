@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from flwr.app import RecordDict
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
@@ -14,16 +13,16 @@ from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.flower import records
 
 
-def merge(round_state: RoundState, content: RecordDict, slots: dict[int, int]) -> None:
-    """A node's summed updates and its clients' reports into the round's sums."""
-    update = records.from_record(content["update"])
+def merge(round_state: RoundState, sections: dict[str, dict[str, Tensor]], slots: dict[int, int]) -> None:
+    """A node's summed updates and its clients' reports (its reply, unpacked) into the round's sums."""
+    update = sections["update"]
     deltas, shared = records.tensors_snapshot(update, len(round_state.delta_sum))
     for k, tensors in enumerate(deltas):
         for i, t in enumerate(tensors):
             round_state.delta_sum[k][i].add_(t.to(round_state.delta_sum[k][i]))
     for i, t in enumerate(shared):
         round_state.delta_shared[i].add_(t.to(round_state.delta_shared[i]))
-    report = records.from_record(content["report"])
+    report = sections["report"]
     buffer = round_state.report
     buffer["weights"].add_(report["weights"].to(buffer.flat))
     buffer["metrics"].add_(report["metrics"].to(buffer.flat))

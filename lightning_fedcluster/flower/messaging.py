@@ -9,6 +9,8 @@ import time
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+REPLY_POLL_CAP = 0.02  # seconds between the server's pulls of a round's replies, at most
+
 
 def node_error(reply: Message) -> str:
     return reply.error.reason if reply.has_error() else ""
@@ -38,8 +40,9 @@ def is_deployment(grid: Grid) -> bool:
 
 
 def poll_replies(grid: Grid, messages: list[Message], timeout: float | None) -> list[Message]:
-    """``send_and_receive`` with pulls 5 ms apart, growing to 0.2 s: a deployed round is not
-    rounded up to Flower's 3 s pull interval."""
+    """``send_and_receive`` with pulls 5 ms apart, growing to ``REPLY_POLL_CAP``: a deployed round
+    is not rounded up to Flower's 3 s pull interval, nor to a long backoff (the replies of a round
+    come a few hundred ms after it is sent, when a doubling wait would already be that long)."""
     pending = set(grid.push_messages(messages))
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
@@ -51,5 +54,5 @@ def poll_replies(grid: Grid, messages: list[Message], timeout: float | None) -> 
         if not pending or (deadline is not None and time.monotonic() > deadline):
             break
         time.sleep(wait)
-        wait = min(2 * wait, 0.2)
+        wait = min(2 * wait, REPLY_POLL_CAP)
     return replies

@@ -186,17 +186,17 @@ class NodeRuntime:
 
     def train(self, content: RecordDict, context: Context) -> RecordDict:
         """One round of the node's sampled clients; the node's summed updates and reports."""
-        config = content["config"]
-        round_index, clients = int(config["round"]), [int(c) for c in config["clients"]]
+        sections = records.unpack(content)
+        config = sections["config"]
+        round_index, clients = int(config["round"]), config["clients"].tolist()
         self.check_run(int(config["num-clusters"]))
         unknown = [c for c in clients if c not in self.row]
         if unknown:
             raise NodeConfigError(
                 f"the server sent clients {unknown}, which this node's partition does not hold"
             )
-        tensors = records.from_record(content["globals"])
-        snapshot = records.tensors_snapshot(tensors, self.plan.num_clusters)
-        info = records.from_record(content["server"])
+        snapshot = records.tensors_snapshot(sections["globals"], self.plan.num_clusters)
+        info = sections["server"]
         set_round_hyperparameters(
             self.solver.optimizer, {k: v for k, v in info.items() if k.startswith("hyper.")}
         )
@@ -253,32 +253,32 @@ class NodeRuntime:
         }
         if send_vectors:  # CFL's updates, FeSEM's first-round models: the rule's server needs them
             report["vectors"] = round_state.vectors["vectors"]
-        return RecordDict({"update": records.to_record(deltas), "report": records.to_record(report)})
+        return records.pack({"update": deltas, "report": report})
 
     @torch.no_grad()
     def estimate(self, content: RecordDict, context: Context) -> RecordDict:
         """An estimation pass (FedSoft's importance): ``rule.estimate`` of every client of the node
         on its training losses under the K global models."""
-        self.copies.load(
-            records.tensors_snapshot(records.from_record(content["globals"]), self.plan.num_clusters)
-        )
-        active = records.from_record(content["server"])["active"].to(torch.bool)
+        sections = records.unpack(content)
+        self.copies.load(records.tensors_snapshot(sections["globals"], self.plan.num_clusters))
+        active = sections["server"]["active"].to(torch.bool)
         estimates = torch.zeros(len(self.clients), self.plan.num_clusters, dtype=torch.float64)
         for row, client in enumerate(self.clients.tolist()):
             x, y = self.datamodule.train_split(client)
             losses = evaluate_models(self.copies.models, x, y, self.task, self.pass_rows, self.logits_from)[0]
             estimates[row] = self.plan.rule.estimate(losses, active)
         found = {"clients": self.clients.clone(), "estimates": estimates}
-        return RecordDict({"estimates": records.to_record(found)})
+        return records.pack({"estimates": found})
 
     @torch.no_grad()
     def evaluate(self, content: RecordDict, context: Context) -> RecordDict:
         """A validation pass over the node's clients, as the Lightning engine's ``val/local_*``:
         each client's validation rows scored by its mixture of the K global models with its own
         ω (FedSoft: by its personal model). Sends the summed score and row count."""
-        snapshot = records.tensors_snapshot(records.from_record(content["globals"]), self.plan.num_clusters)
+        sections = records.unpack(content)
+        snapshot = records.tensors_snapshot(sections["globals"], self.plan.num_clusters)
         self.copies.load(snapshot)
-        info = records.from_record(content["server"])
+        info = sections["server"]
         state = self.load_state(context, info["active"])
         sums = torch.zeros(2, dtype=torch.float64)
         for row, client in enumerate(self.clients.tolist()):
@@ -287,7 +287,7 @@ class NodeRuntime:
                 continue
             prediction = self.client_prediction(state, row, x, snapshot)
             sums += torch.stack([score(prediction, y, self.task), torch.tensor(float(y.shape[0]))])
-        return RecordDict({"evaluation": records.to_record({"sums": sums})})
+        return records.pack({"evaluation": {"sums": sums}})
 
     def client_prediction(self, state: ClientState, row: int, x: Tensor, snapshot: Any) -> Tensor:
         """A client's prediction as the Lightning engine's validation makes it: its personal model
@@ -305,9 +305,8 @@ class NodeRuntime:
 
     def export(self, content: RecordDict, context: Context) -> RecordDict:
         """The node's client store (simulation only: ``simulate`` returns every client's state)."""
-        state = self.load_state(context, records.from_record(content["server"])["active"])
-        extra = {"clients": self.clients.clone()}
-        return RecordDict({"store": records.state_record(state), "node": records.to_record(extra)})
+        state = self.load_state(context, records.unpack(content)["server"]["active"])
+        return records.pack({"store": state.state_dict(), "node": {"clients": self.clients.clone()}})
 
 
 def take_pushed(state: ClientState, info: dict[str, Tensor], rows: Tensor) -> None:

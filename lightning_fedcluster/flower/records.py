@@ -7,42 +7,92 @@ import json
 import math
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import Snapshot
 
-LAYOUT = "layout"
+PAYLOAD, SHARED = "payload", "shared"
+HEADER_BYTES = 8  # the header's length, a little-endian uint64, before the JSON header
+
+
+def encode(sections: dict[str, dict[str, Tensor]]) -> Tensor:
+    """Named tensors of any dtypes, in named sections, as one uint8 tensor: the header's length,
+    a JSON header (section, name, dtype, shape, byte offset of every tensor) and the raw bytes.
+    Values, dtypes and shapes come back bit for bit."""
+    layout, parts, offset = [], [], 0
+    for section, tensors in sections.items():
+        for name, tensor in tensors.items():
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            layout.append([section, name, dtype, list(tensor.shape), offset])
+            parts.append(raw)
+            offset += raw.numel()
+    header = json.dumps(layout).encode()
+    length = torch.tensor([len(header)], dtype=torch.int64).view(torch.uint8)
+    return torch.cat([length, torch.frombuffer(bytearray(header), dtype=torch.uint8), *parts])
+
+
+def decode(payload: Tensor) -> dict[str, dict[str, Tensor]]:
+    """The inverse of ``encode``: each tensor is a fresh copy (aligned for its dtype)."""
+    length = int(payload[:HEADER_BYTES].clone().view(torch.int64))
+    layout = json.loads(bytes(payload[HEADER_BYTES : HEADER_BYTES + length].numpy()).decode())
+    data = payload[HEADER_BYTES + length :]
+    sections: dict[str, dict[str, Tensor]] = {}
+    for section, name, dtype, shape, offset in layout:
+        kind = getattr(torch, dtype)
+        size = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
+        tensor = data[offset : offset + size].clone().view(kind).reshape(shape)
+        sections.setdefault(section, {})[name] = tensor
+    return sections
 
 
 def to_record(tensors: dict[str, Tensor]) -> ArrayRecord:
-    """Tensors as an ArrayRecord (moved to the CPU; dtypes, shapes and values kept bit for bit),
-    packed as one flat array per dtype plus their layout: a deployment moves every array as
-    its own object, one request per hop, so a message costs a few requests, not one per tensor."""
-    groups: dict[str, list[Tensor]] = {}
-    layout = []
-    for name, tensor in tensors.items():
-        tensor = tensor.detach().cpu()
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        layout.append([name, dtype, list(tensor.shape)])
-        groups.setdefault(dtype, []).append(tensor.reshape(-1))
-    arrays = {dtype: torch.cat(parts) for dtype, parts in groups.items()}
-    arrays[LAYOUT] = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
-    return ArrayRecord(arrays)
+    """Tensors as an ArrayRecord of one array (``encode``): a deployment moves every array of a
+    message as its own object, one request per hop, so a record costs one object, not one per
+    tensor or dtype."""
+    return ArrayRecord({PAYLOAD: encode({"": tensors})})
 
 
 def from_record(record: ArrayRecord) -> dict[str, Tensor]:
-    arrays = record.to_torch_state_dict()
-    layout = json.loads(bytes(arrays.pop(LAYOUT).tolist()).decode())
-    offsets = dict.fromkeys(arrays, 0)
-    tensors = {}
-    for name, dtype, shape in layout:
-        size = math.prod(shape)
-        start = offsets[dtype]
-        tensors[name] = arrays[dtype][start : start + size].reshape(shape).clone()
-        offsets[dtype] = start + size
-    return tensors
+    return decode(torch.from_numpy(record[PAYLOAD].numpy())).get("", {})
+
+
+def pack(sections: dict[str, dict[str, Tensor]], shared: tuple[str, ...] = ()) -> RecordDict:
+    """A message's content: its sections (the K models, the server's entries, the round's
+    configuration; a node's updates and reports) encoded into one record, and the ``shared``
+    sections (the K models, the same in every node's message) into another, which Flower then
+    pushes once for all nodes. A deployment moves every object of a message in its own request
+    per hop, so each record is one object (bytes in a ConfigRecord) up to Flower's array chunk
+    size, and an ArrayRecord of one array, chunked by Flower, above it: three or four objects a
+    message instead of several per tensor."""
+    groups = {SHARED: {k: v for k, v in sections.items() if k in shared}}
+    groups[PAYLOAD] = {k: v for k, v in sections.items() if k not in shared}
+    return RecordDict({key: one_record(encode(group)) for key, group in groups.items() if group})
+
+
+def unpack(content: RecordDict) -> dict[str, dict[str, Tensor]]:
+    """The sections of a message packed by ``pack``."""
+    sections: dict[str, dict[str, Tensor]] = {}
+    for key in (SHARED, PAYLOAD):
+        if key in content:
+            sections.update(decode(payload_of(content[key])))
+    return sections
+
+
+def one_record(payload: Tensor) -> ConfigRecord | ArrayRecord:
+    if payload.numel() <= FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE:
+        return ConfigRecord({PAYLOAD: payload.numpy().tobytes()})
+    return ArrayRecord({PAYLOAD: payload})
+
+
+def payload_of(record: ConfigRecord | ArrayRecord) -> Tensor:
+    if isinstance(record, ConfigRecord):
+        return torch.frombuffer(bytearray(record[PAYLOAD]), dtype=torch.uint8)
+    return torch.from_numpy(record[PAYLOAD].numpy())
 
 
 def snapshot_tensors(snapshot: Snapshot, prefix: str = "") -> dict[str, Tensor]:

@@ -233,8 +233,9 @@ class FlowerServer:
         """An estimation pass (FedSoft's importance): every node scores its clients' training data
         under the K global models. The clients of a node that fails get uniform estimates over the
         alive clusters (logged), as a client that was never estimated has."""
-        content = self.models_content(state)
+        sections = self.models_sections(state)
         nodes = sorted(set(federation.owner.values()) - federation.lost)
+        content = records.pack(sections, shared=("globals",))
         messages = [Message(content, n, "query.estimate", group_id=f"estimate.{round_index}") for n in nodes]
         estimates = torch.full((state.num_clients, state.num_clusters), float("nan"), dtype=torch.float64)
         for node, reply in exchange(grid, messages, self.round_timeout):
@@ -244,7 +245,7 @@ class FlowerServer:
                     "round %d: node %d failed its estimation pass (%s)", round_index, node, node_error(reply)
                 )
                 continue
-            found = records.from_record(reply.content["estimates"])
+            found = records.unpack(reply.content)["estimates"]
             estimates[found["clients"]] = found["estimates"].to(torch.float64)
         missing = estimates.isnan().any(1)
         if bool(missing.any()):
@@ -256,30 +257,32 @@ class FlowerServer:
             )  # fmt: skip
         return estimates
 
-    def models_content(
+    def models_sections(
         self, state: ClientState, snapshot: Any = None, extra: dict[str, Tensor] | None = None
-    ) -> RecordDict:
+    ) -> dict[str, dict[str, Tensor]]:
         """The K global models (``snapshot``, the working copies by default), the alive clusters,
-        log C_{y,k} (FedRC) and ``extra`` server entries: what every message to the nodes carries."""
+        log C_{y,k} (FedRC) and ``extra`` server entries: what every message to the nodes carries
+        (``records.pack`` makes it a message's content)."""
         info: dict[str, Tensor] = {"active": state.active, **(extra or {})}
         stats = self.rule.log_label_stats(state)
         if stats is not None:
             info["log_label_stats"] = stats
         globals_ = records.snapshot_tensors(self.module.copies.snapshot() if snapshot is None else snapshot)
-        return RecordDict({"globals": records.to_record(globals_), "server": records.to_record(info)})
+        return {"globals": globals_, "server": info}
 
     def evaluate(self, grid: Grid, federation: Federation, state: ClientState) -> dict[str, float]:
         """A validation pass on the nodes (each client's validation rows under its own ω or
         personal model): ``val/local_acc`` (``val/local_mse``) over every answering node's rows."""
-        content = self.models_content(state)
+        sections = self.models_sections(state)
         nodes = sorted(set(federation.owner.values()) - federation.lost)
+        content = records.pack(sections, shared=("globals",))
         messages = [Message(content, n, "query.evaluate") for n in nodes]
         sums = torch.zeros(2, dtype=torch.float64)
         for node, reply in exchange(grid, messages, self.round_timeout):
             if reply.has_error():
                 log.warning("node %d could not evaluate its clients: %s", node, node_error(reply))
                 continue
-            sums += records.from_record(reply.content["evaluation"])["sums"]
+            sums += records.unpack(reply.content)["evaluation"]["sums"]
         name = f"val/local_{Task.of(federation.task).metric}"
         return {name: float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")}
 
@@ -298,9 +301,11 @@ class FlowerServer:
     def round_content(
         self, round_index: int, clients: list[int], round_state: RoundState, state: ClientState
     ) -> RecordDict:
-        config = ConfigRecord(
-            {"round": round_index, "clients": clients, "num-clusters": int(self.strategy.num_clusters)}
-        )
+        config = {
+            "round": torch.tensor(round_index),
+            "clients": torch.tensor(clients, dtype=torch.long),
+            "num-clusters": torch.tensor(int(self.strategy.num_clusters)),
+        }
         info = round_hyperparameters(self.solver)
         if round_state.membership is not None:
             info["membership"] = round_state.membership
@@ -309,9 +314,8 @@ class FlowerServer:
             value = state.omega if name == "omega" else state.extra[name]
             per_client = value.dim() > 0 and value.shape[0] == state.num_clients
             info[f"store.{name}"] = value[rows] if per_client else value
-        content = self.models_content(state, (round_state.global_clusters, round_state.global_shared), info)
-        content["config"] = config
-        return content
+        sections = self.models_sections(state, (round_state.global_clusters, round_state.global_shared), info)
+        return records.pack({**sections, "config": config}, shared=("globals",))
 
     def train_round(
         self, grid: Grid, federation: Federation, round_state: RoundState, state: ClientState
@@ -339,7 +343,7 @@ class FlowerServer:
             if reply.has_error():
                 self.drop(federation, node, by_node[node], round_state.round_index, node_error(reply))
                 continue
-            merge(round_state, reply.content, slots)
+            merge(round_state, records.unpack(reply.content), slots)
         for message in messages:
             node = message.metadata.dst_node_id
             if node not in answered:
@@ -360,12 +364,12 @@ class FlowerServer:
     def collect(self, grid: Grid, federation: Federation, state: ClientState, offsets: Tensor) -> None:
         """Every node's client store into the server's (``collect_client_state``: simulation)."""
         nodes = sorted(set(federation.owner.values()) - federation.lost)
-        active = records.to_record({"active": state.active})
-        messages = [Message(RecordDict({"server": active}), n, "query.export") for n in nodes]
+        content = {"server": {"active": state.active}}
+        messages = [Message(records.pack(content), n, "query.export") for n in nodes]
         for node, reply in exchange(grid, messages, self.round_timeout):
             if reply.has_error():
                 log.warning("node %d could not export its client store: %s", node, node_error(reply))
                 continue
-            stored = records.from_record(reply.content["store"])
-            clients = records.from_record(reply.content["node"])["clients"]
+            sections = records.unpack(reply.content)
+            stored, clients = sections["store"], sections["node"]["clients"]
             merge_store(self.rule, state, stored, clients, offsets, self.pushed)

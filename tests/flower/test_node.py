@@ -12,7 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.flower import FlowerApps
+from lightning_fedcluster.flower import FlowerApps, records
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
 
@@ -52,7 +52,9 @@ def test_a_node_that_disconnects_mid_run_is_dropped_and_logged(task_identity, ca
 def test_a_node_whose_clientapp_fails_is_dropped(task_identity, caplog):
     def corrupt(node: int, message) -> None:
         if message.metadata.message_type == "train" and node == NODE_B:
-            message.content["config"]["clients"] = [0]  # a client B does not hold: B's ClientApp raises
+            sections = records.unpack(message.content)  # a client B does not hold: B's ClientApp raises
+            sections["config"]["clients"] = torch.tensor([0])
+            message.content = records.pack(sections)
 
     with caplog.at_level(logging.WARNING, logger="lightning_fedcluster.flower"):
         module, _ = run_local(fedavg_apps(num_rounds=2), partitions(2), corrupt)
