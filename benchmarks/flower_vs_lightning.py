@@ -172,7 +172,7 @@ def row(name: str, seconds: list[float], total: float) -> str:
     steady = seconds[1:] or seconds
     mean = statistics.mean(steady)
     overhead = total - sum(seconds)
-    return f"{name:<34}{1 / mean:>10.2f}{mean:>10.3f}{seconds[0]:>10.2f}{overhead:>14.1f}{total:>10.1f}"
+    return f"{name:<44}{1 / mean:>10.2f}{mean:>10.3f}{seconds[0]:>10.2f}{overhead:>14.1f}{total:>10.1f}"
 
 
 def main() -> None:
@@ -198,7 +198,7 @@ def main() -> None:
         deployed_gap = max(float((deployed_weights[k] - v).abs().max()) for k, v in light_weights.items())
     print(machine_line())
     print(f"command: {command_line()}")
-    print(f"{'':<34}{'rounds/s':>10}{'s/round':>10}{'round 1':>10}{'start + end':>14}{'total':>10}")
+    print(f"{'':<44}{'rounds/s':>10}{'s/round':>10}{'round 1':>10}{'start + end':>14}{'total':>10}")
     print(row("Lightning engine (loop)", light_rounds, light_total))
     print(row(f"Flower simulation ({args.supernodes} nodes, {args.cpus} CPUs)", flower_rounds, flower_total))
     if args.deployed:
