@@ -5,7 +5,10 @@ What is replaced at run time, and why, is listed in ``authors_trace.py``'s docst
 With ``args.native`` (``authors_takeoff.py``) their own randomness is kept instead: their seeded
 initial weights, their shuffled training loader (``shuffle=True, drop_last=True``, as their loader
 builds it), no per-round evaluation (``log_freq`` beyond the last round); each round records ω and
-log C only, and the cluster weights at the rounds in ``args.keep_weights``."""
+log C only, and the cluster weights at the rounds in ``args.keep_weights``.
+``args.shared_batches`` keeps that, but gives all K learners of a client the same minibatches in a
+round (one seeded permutation per client and round, as the library draws them), instead of each
+learner its own shuffle."""
 
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ def authors_side(args: argparse.Namespace) -> None:
     data, out = Path(args.data).resolve(), Path(args.out).resolve()
     manifest = json.loads((data / "manifest.json").read_text())
     native = bool(getattr(args, "native", False))
+    # native, but every learner of a client takes the same minibatches in a round (the library's
+    # way): isolates the effect of their per-learner shuffles
+    shared_batches = bool(getattr(args, "shared_batches", False))
     keep_weights = set(getattr(args, "keep_weights", ()))
     initial: torch.Tensor | None = None if native else torch.load(out / "library.pt")["initial"]
     work = out / "authors-cwd"
@@ -89,7 +95,7 @@ def authors_side(args: argparse.Namespace) -> None:
         val_set = make(list(train), images, labels)
         if client is None:  # a global client: never trained
             train_loader = DataLoader(train_set, batch_size=BATCH, shuffle=False, drop_last=True)
-        elif native:  # their loader's training iterator (utils/utils.py get_loaders)
+        elif native and not shared_batches:  # their loader's training iterator (utils/utils.py get_loaders)
             train_loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, drop_last=True)
         else:
             train_loader = DataLoader(train_set, batch_sampler=TraceBatches(client, len(train)))

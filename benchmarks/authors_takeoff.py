@@ -57,7 +57,7 @@ def run_authors(args: argparse.Namespace) -> None:
             sys.executable, __file__, "_one", "--data", args.data, "--authors", args.authors,
             "--out", args.out, "--rounds", str(args.rounds), "--seeds", str(seed),
             "--score-rounds", *map(str, args.score_rounds),
-        ]  # fmt: skip
+        ] + (["--shared-batches"] if args.shared_batches else [])  # fmt: skip
         subprocess.run(command, check=True)
 
 
@@ -68,6 +68,7 @@ def run_one(args: argparse.Namespace) -> None:
     native = argparse.Namespace(
         data=args.data, out=args.out, authors=args.authors, rounds=args.rounds, algorithm="fedrc",
         authors_seed=args.seeds[0], seed=args.seeds[0], native=True, keep_weights=args.score_rounds,
+        shared_batches=args.shared_batches,
     )  # fmt: skip
     authors_side(native)
 
@@ -180,6 +181,10 @@ def main() -> None:
     parser.add_argument("--score-rounds", type=int, nargs="+", default=[25, 60])
     parser.add_argument("--library-log", help="summarize: the output of authors_comparison.py run")
     parser.add_argument("--concepts", type=int, default=3)
+    parser.add_argument(
+        "--shared-batches", action="store_true",
+        help="authors: all K learners of a client take the same minibatches in a round (the library's way)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.command in ("authors", "_one") and not args.authors:
         parser.error("--authors DIR is needed to run the authors' side")
