@@ -94,16 +94,12 @@ def forward_worker() -> dict[str, float]:
 def _w3_data(clients: int, samples: int, global_clients: int, global_size: int):  # noqa: ANN202
     """W3's data (same generator and split) plus optional global test clients."""
     import torch
+    from w3_memory import w3_clients
 
     from lightning_fedcluster import FederatedDataModule
 
-    train_n = samples - samples // 5
     generator = torch.Generator().manual_seed(0)
-    x = torch.rand(clients * samples, 1, 28, 28, generator=generator)
-    y = torch.randint(0, 10, (clients * samples,), generator=generator)
-    rows = [(i * samples, i * samples + train_n, (i + 1) * samples) for i in range(clients)]
-    train = [(x[a:b], y[a:b]) for a, b, _ in rows]
-    test = [(x[b:c], y[b:c]) for _, b, c in rows]
+    train, test = w3_clients(clients, samples, generator)
     held = [(torch.rand(global_size, 1, 28, 28, generator=generator),
              torch.randint(0, 10, (global_size,), generator=generator)) for _ in range(global_clients)]
     return FederatedDataModule(train, test, held, num_classes=10, batch_size=128)

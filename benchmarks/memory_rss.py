@@ -34,15 +34,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from w3_memory import _status_kb
+
 TARGET_MB = 2048
 
 
 def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return _status_kb(field) / 1024
 
 
 def _mark(name: str) -> None:
@@ -52,16 +50,12 @@ def _mark(name: str) -> None:
 
 def _tensors_data(clients: int, samples: int):  # noqa: ANN202
     import torch
+    from w3_memory import w3_clients
 
     from lightning_fedcluster import FederatedDataModule
 
-    train_n = samples - samples // 5
     generator = torch.Generator().manual_seed(0)
-    x = torch.rand(clients * samples, 1, 28, 28, generator=generator)
-    y = torch.randint(0, 10, (clients * samples,), generator=generator)
-    rows = [(i * samples, i * samples + train_n, (i + 1) * samples) for i in range(clients)]
-    train = [(x[a:b], y[a:b]) for a, b, _ in rows]
-    test = [(x[b:c], y[b:c]) for _, b, c in rows]
+    train, test = w3_clients(clients, samples, generator)
     return FederatedDataModule(train, test, num_classes=10, batch_size=128)
 
 

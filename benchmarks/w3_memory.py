@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SETTINGS = [(300, 200, None), (1000, 50, 300), (3000, 50, 300), (10000, 50, 300)]
 TARGETS_MB = {(300, 200): 2048, (10000, 50): 4096}
@@ -37,6 +38,19 @@ def _status_kb(field: str) -> int:
     return 0
 
 
+def w3_clients(clients: int, samples: int, generator: Any) -> tuple[list, list]:
+    """W3's clients: random [1, 28, 28] inputs and labels drawn from ``generator``, each client's
+    first 80 % training rows and the rest held out, all views of one tensor (as a user slicing
+    one dataset passes them)."""
+    import torch
+
+    train_n = samples - samples // 5
+    x = torch.rand(clients * samples, 1, 28, 28, generator=generator)
+    y = torch.randint(0, 10, (clients * samples,), generator=generator)
+    rows = [(i * samples, i * samples + train_n, (i + 1) * samples) for i in range(clients)]
+    return [(x[a:b], y[a:b]) for a, b, _ in rows], [(x[b:c], y[b:c]) for _, b, c in rows]
+
+
 def worker(clients: int, samples: int, per_round: int | None) -> dict[str, float]:
     """Build the data and train one round in this process; return memory figures in MB."""
     import torch
@@ -47,15 +61,10 @@ def worker(clients: int, samples: int, per_round: int | None) -> dict[str, float
 
     quiet()
     baseline = current_rss_mb()
-    train_n = samples - samples // 5
     generator = torch.Generator().manual_seed(0)
-    x = torch.rand(clients * samples, 1, 28, 28, generator=generator)
-    y = torch.randint(0, 10, (clients * samples,), generator=generator)
-    rows = [(i * samples, i * samples + train_n, (i + 1) * samples) for i in range(clients)]
-    train = [(x[a:b], y[a:b]) for a, b, _ in rows]
-    test = [(x[b:c], y[b:c]) for _, b, c in rows]
+    train, test = w3_clients(clients, samples, generator)
     dm = FederatedDataModule(train, test, num_classes=10, batch_size=128)
-    del x, y, rows, train, test
+    del train, test
     tensors = (dm.train_x, dm.train_y, dm.test_x, dm.test_y)
     data_mb = sum(t.numel() * t.element_size() for t in tensors) / 2**20
     after_data = current_rss_mb()
