@@ -15,6 +15,7 @@ from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import Snapshot
 
 PAYLOAD, SHARED = "payload", "shared"
+Record = ConfigRecord | ArrayRecord  # one encoded payload: bytes up to a chunk, else a chunked array
 HEADER_BYTES = 8  # the header's length, a little-endian uint64, before the JSON header
 
 
@@ -61,17 +62,23 @@ def from_record(record: ArrayRecord) -> dict[str, Tensor]:
     return decode(torch.from_numpy(record[PAYLOAD].numpy())).get("", {})
 
 
-def pack(sections: dict[str, dict[str, Tensor]], shared: tuple[str, ...] = ()) -> RecordDict:
-    """A message's content: its sections (the K models, the server's entries, the round's
-    configuration; a node's updates and reports) encoded into one record, and the ``shared``
-    sections (the K models, the same in every node's message) into another, which Flower then
-    pushes once for all nodes. A deployment moves every object of a message in its own request
-    per hop, so each record is one object (bytes in a ConfigRecord) up to Flower's array chunk
-    size, and an ArrayRecord of one array, chunked by Flower, above it: three or four objects a
-    message instead of several per tensor."""
-    groups = {SHARED: {k: v for k, v in sections.items() if k in shared}}
-    groups[PAYLOAD] = {k: v for k, v in sections.items() if k not in shared}
-    return RecordDict({key: one_record(encode(group)) for key, group in groups.items() if group})
+def pack(sections: dict[str, dict[str, Tensor]], shared: Record | None = None) -> RecordDict:
+    """A message's content: its sections (the server's entries, the round's configuration; a
+    node's updates and reports) encoded into one record, plus ``shared``, a record made once by
+    ``share`` (the K models) and put in every node's message, which Flower then pushes once for all
+    nodes. A deployment moves every object of a message in its own request per hop, so each record
+    is one object (bytes in a ConfigRecord) up to Flower's array chunk size, and an ArrayRecord of
+    one array, chunked by Flower, above it: three or four objects a message instead of several per
+    tensor."""
+    content = RecordDict({PAYLOAD: one_record(encode(sections))})
+    if shared is not None:
+        content[SHARED] = shared
+    return content
+
+
+def share(sections: dict[str, dict[str, Tensor]]) -> Record:
+    """Sections that several messages carry (the K models), encoded once for ``pack``."""
+    return one_record(encode(sections))
 
 
 def unpack(content: RecordDict) -> dict[str, dict[str, Tensor]]:
@@ -83,13 +90,13 @@ def unpack(content: RecordDict) -> dict[str, dict[str, Tensor]]:
     return sections
 
 
-def one_record(payload: Tensor) -> ConfigRecord | ArrayRecord:
+def one_record(payload: Tensor) -> Record:
     if payload.numel() <= FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE:
         return ConfigRecord({PAYLOAD: payload.numpy().tobytes()})
     return ArrayRecord({PAYLOAD: payload})
 
 
-def payload_of(record: ConfigRecord | ArrayRecord) -> Tensor:
+def payload_of(record: Record) -> Tensor:
     if isinstance(record, ConfigRecord):
         return torch.frombuffer(bytearray(record[PAYLOAD]), dtype=torch.uint8)
     return torch.from_numpy(record[PAYLOAD].numpy())

@@ -233,9 +233,8 @@ class FlowerServer:
         """An estimation pass (FedSoft's importance): every node scores its clients' training data
         under the K global models. The clients of a node that fails get uniform estimates over the
         alive clusters (logged), as a client that was never estimated has."""
-        sections = self.models_sections(state)
+        content = records.pack({"server": self.server_entries(state)}, self.models_record())
         nodes = sorted(set(federation.owner.values()) - federation.lost)
-        content = records.pack(sections, shared=("globals",))
         messages = [Message(content, n, "query.estimate", group_id=f"estimate.{round_index}") for n in nodes]
         estimates = torch.full((state.num_clients, state.num_clusters), float("nan"), dtype=torch.float64)
         for node, reply in exchange(grid, messages, self.round_timeout):
@@ -257,25 +256,26 @@ class FlowerServer:
             )  # fmt: skip
         return estimates
 
-    def models_sections(
-        self, state: ClientState, snapshot: Any = None, extra: dict[str, Tensor] | None = None
-    ) -> dict[str, dict[str, Tensor]]:
-        """The K global models (``snapshot``, the working copies by default), the alive clusters,
-        log C_{y,k} (FedRC) and ``extra`` server entries: what every message to the nodes carries
-        (``records.pack`` makes it a message's content)."""
+    def models_record(self, snapshot: Any = None) -> records.Record:
+        """The K global models (``snapshot``, the working copies by default) as one record, encoded
+        once and shared by every node's message."""
+        snapshot = self.module.copies.snapshot() if snapshot is None else snapshot
+        return records.share({"globals": records.snapshot_tensors(snapshot)})
+
+    def server_entries(self, state: ClientState, extra: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """The alive clusters, log C_{y,k} (FedRC) and ``extra`` entries: what every message to the
+        nodes carries besides the models."""
         info: dict[str, Tensor] = {"active": state.active, **(extra or {})}
         stats = self.rule.log_label_stats(state)
         if stats is not None:
             info["log_label_stats"] = stats
-        globals_ = records.snapshot_tensors(self.module.copies.snapshot() if snapshot is None else snapshot)
-        return {"globals": globals_, "server": info}
+        return info
 
     def evaluate(self, grid: Grid, federation: Federation, state: ClientState) -> dict[str, float]:
         """A validation pass on the nodes (each client's validation rows under its own ω or
         personal model): ``val/local_acc`` (``val/local_mse``) over every answering node's rows."""
-        sections = self.models_sections(state)
+        content = records.pack({"server": self.server_entries(state)}, self.models_record())
         nodes = sorted(set(federation.owner.values()) - federation.lost)
-        content = records.pack(sections, shared=("globals",))
         messages = [Message(content, n, "query.evaluate") for n in nodes]
         sums = torch.zeros(2, dtype=torch.float64)
         for node, reply in exchange(grid, messages, self.round_timeout):
@@ -299,7 +299,12 @@ class FlowerServer:
         )
 
     def round_content(
-        self, round_index: int, clients: list[int], round_state: RoundState, state: ClientState
+        self,
+        round_index: int,
+        clients: list[int],
+        round_state: RoundState,
+        state: ClientState,
+        models: records.Record,
     ) -> RecordDict:
         config = {
             "round": torch.tensor(round_index),
@@ -314,8 +319,7 @@ class FlowerServer:
             value = state.omega if name == "omega" else state.extra[name]
             per_client = value.dim() > 0 and value.shape[0] == state.num_clients
             info[f"store.{name}"] = value[rows] if per_client else value
-        sections = self.models_sections(state, (round_state.global_clusters, round_state.global_shared), info)
-        return records.pack({**sections, "config": config}, shared=("globals",))
+        return records.pack({"server": self.server_entries(state, info), "config": config}, models)
 
     def train_round(
         self, grid: Grid, federation: Federation, round_state: RoundState, state: ClientState
@@ -332,8 +336,9 @@ class FlowerServer:
                 "round %d: node %d (partition %d) was lost earlier; its clients %s are left out",
                 round_state.round_index, node, federation.partition[node], clients,
             )  # fmt: skip
+        models = self.models_record((round_state.global_clusters, round_state.global_shared))
         messages = [
-            Message(self.round_content(round_state.round_index, cs, round_state, state), n, "train",
+            Message(self.round_content(round_state.round_index, cs, round_state, state, models), n, "train",
                     group_id=str(round_state.round_index))
             for n, cs in by_node.items() if n not in federation.lost
         ]  # fmt: skip

@@ -52,7 +52,7 @@ def test_a_record_holds_one_array_and_comes_back_exactly():
 def test_a_small_message_is_three_objects_and_the_shared_models_one_more(task_identity):
     models = {"cluster.0.0": torch.randn(10, 8), "cluster.1.0": torch.randn(10, 8)}
     own = {"clients": torch.tensor([0, 4]), "round": torch.tensor(3)}
-    content = records.pack({"globals": models, "config": own}, shared=("globals",))
+    content = records.pack({"config": own}, records.share({"globals": models}))
     assert set(content) == {records.SHARED, records.PAYLOAD}
     assert all(isinstance(record, ConfigRecord) for record in content.values())
     message = Message(content, 1, "train")
@@ -67,10 +67,10 @@ def test_a_small_message_is_three_objects_and_the_shared_models_one_more(task_id
 def test_two_nodes_messages_share_the_models_object(task_identity):
     models = {"cluster.0.0": torch.randn(6, 6)}
     first = Message(
-        records.pack({"globals": models, "config": {"c": torch.tensor([0])}}, ("globals",)), 1, "train"
+        records.pack({"config": {"c": torch.tensor([0])}}, records.share({"globals": models})), 1, "train"
     )
     second = Message(
-        records.pack({"globals": models, "config": {"c": torch.tensor([1])}}, ("globals",)), 2, "train"
+        records.pack({"config": {"c": torch.tensor([1])}}, records.share({"globals": models})), 2, "train"
     )
     one, two = get_all_nested_objects(first), get_all_nested_objects(second)
     assert len(set(one) & set(two)) == 1  # the models' record: Flower pushes it once for both
