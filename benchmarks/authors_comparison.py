@@ -412,6 +412,8 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         options["server_momentum"] = args.server_momentum
     if args.optimizer_state_dtype != "float32":
         options["optimizer_state_dtype"] = args.optimizer_state_dtype
+    if args.optimizer_state_dir is not None:
+        options["optimizer_state_dir"] = args.optimizer_state_dir
     return options
 
 
@@ -496,6 +498,10 @@ def main() -> None:
     r.add_argument(
         "--optimizer-state-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
         help="dtype of the persistent optimizer-state store (with --optimizer-state persist)",
+    )  # fmt: skip
+    r.add_argument(
+        "--optimizer-state-dir", default=None,
+        help="keep the persistent optimizer-state store in a file in this directory, not in memory",
     )  # fmt: skip
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
     r.add_argument("--server-optimizer", choices=("none", "momentum", "adam"), default="none")

@@ -9,7 +9,7 @@ at a round boundary is exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +22,8 @@ class ClientState:
     reported by each client), seen [M] (reported at least once), active [K] (cluster alive),
     extra {name: [M, ...] or [N_total, ...]}, personal {client: flat float32 model} and, with
     ``optimizer_state="persist"``, optimizer {client: flat local-optimizer state, in
-    ``optimizer_dtype``} with optimizer_started [M, K] (whether client i's state for copy k exists)."""
+    ``optimizer_dtype``; a dict, or a file-backed mapping with ``optimizer_state_dir``} with
+    optimizer_started [M, K] (whether client i's state for copy k exists)."""
 
     omega: Tensor
     label_sums: Tensor
@@ -30,7 +31,7 @@ class ClientState:
     active: Tensor = field(default_factory=lambda: torch.ones(0, dtype=torch.bool))
     extra: dict[str, Tensor] = field(default_factory=dict)
     personal: dict[int, Tensor] = field(default_factory=dict)
-    optimizer: dict[int, Tensor] = field(default_factory=dict)
+    optimizer: MutableMapping[int, Tensor] = field(default_factory=dict)
     optimizer_started: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
     optimizer_dtype: torch.dtype = torch.float32
 
@@ -124,7 +125,7 @@ class ClientState:
         if "personal.ids" in state:
             for i, model in zip(state["personal.ids"].tolist(), state["personal.models"], strict=True):
                 self.personal[int(i)] = model.clone()
-        self.optimizer = {}
+        self.optimizer.clear()  # keeps the store's kind (in memory or in a file)
         self.optimizer_started = torch.zeros(self.omega.shape, dtype=torch.bool)
         if "optimizer.ids" in state:
             for i, vector in zip(state["optimizer.ids"].tolist(), state["optimizer.vectors"], strict=True):

@@ -31,6 +31,7 @@ from lightning_fedcluster.engine.schedule import RoundSchedule
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
 from lightning_fedcluster.engine.setup_checks import check_chance_level, check_loss_growth
+from lightning_fedcluster.engine.state_file import OptimizerStateFile
 
 
 def initial_client_state(
@@ -48,6 +49,8 @@ def initial_client_state(
     state.extra.update(extras)
     state.active = plan.rule.initial_active()
     state.optimizer_dtype = plan.optimizer_store_dtype
+    if plan.optimizer_state_dir is not None:
+        state.optimizer = OptimizerStateFile(plan.optimizer_state_dir, plan.optimizer_store_dtype)
     return state
 
 

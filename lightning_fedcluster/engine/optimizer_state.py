@@ -125,7 +125,12 @@ def check_optimizer_state(optimizer_state: str, dtype: str, shared_layers: Seque
 
 def store_state(state: ClientState, key: int, vector: Tensor, started: Tensor) -> None:
     """Client ``key``'s optimizer state after training into the store, in the store's dtype
-    (``state.optimizer_dtype``): in place once the client has a vector (allocated once per client)."""
+    (``state.optimizer_dtype``): in place once the client has a vector (allocated once per client),
+    or written to the store's file (``optimizer_state_dir``)."""
+    if not isinstance(state.optimizer, dict):  # a file store (optimizer_state_dir): written through
+        state.optimizer[key] = vector
+        state.optimizer_started[key] = started
+        return
     stored = state.optimizer.get(key)
     if stored is None:
         state.optimizer[key] = vector.detach().to("cpu", dtype=state.optimizer_dtype, copy=True)

@@ -25,7 +25,8 @@ class TrainingPlan:
     and FedRC share a rule class). ``rule``: the algorithm's rules (plain tensors). The local step
     plan is ``local_steps`` or ``local_epochs`` passes (``drop_last``); ``optimizer_state`` is
     "reset" or "persist", whose store holds ``optimizer_state_dtype`` ("float32", "bfloat16",
-    "float16"); ``server_lr`` and ``server_optimizer`` make the server step;
+    "float16") in memory, or in a file under ``optimizer_state_dir``; ``server_lr`` and
+    ``server_optimizer`` make the server step;
     ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation;
     ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning.
     """
@@ -40,6 +41,7 @@ class TrainingPlan:
     shared_layers: tuple[str, ...] = ()
     optimizer_state: str = "reset"
     optimizer_state_dtype: str = "float32"
+    optimizer_state_dir: str | None = None
     logits_from: Any = None
     server_lr: float = 1.0
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)

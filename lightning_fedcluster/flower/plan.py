@@ -58,6 +58,11 @@ def unsupported_reason(strategy: Any) -> str | None:
             "numpy arrays, which have no bfloat16, and the half-precision store is tested on the "
             "Lightning engine only (give optimizer_state_dtype='float32')"
         )
+    if getattr(strategy, "optimizer_state_dir", None) is not None:
+        return (
+            "optimizer_state_dir: a node keeps its optimizer-state store in Flower's context between "
+            "rounds, not in a file (drop optimizer_state_dir)"
+        )
     return None
 
 

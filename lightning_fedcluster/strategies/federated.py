@@ -8,6 +8,7 @@ ClusteredModule does through ``strategy.reduce``. One class serves 1..N processe
 from __future__ import annotations
 
 import atexit
+import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -30,7 +31,8 @@ from lightning_fedcluster.engine.optimizer_state import check_optimizer_state
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
-from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
+from lightning_fedcluster.engine.state_file import check_state_directory
+from lightning_fedcluster.strategies.batch_limits import apply_batch_limits, check_precision
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import keep_environment
 
@@ -84,6 +86,10 @@ class FederatedStrategy(DDPStrategy):
             per state tensor).
         optimizer_state_dtype: the dtype of that store between rounds: "float32" (exact) or
             "bfloat16" / "float16" (half the memory; the state is rounded once per round).
+        optimizer_state_dir: keep that store in a temporary file in this existing directory instead
+            of in memory (None, the default): a client's state is read when it trains and written
+            back after, so one process holds one client's state at a time. Bit-identical results;
+            costs a file read and write per client and round. Choose a disk, not a tmpfs.
         logits_from: where the logits are in a forward that returns a dict or tuple (a key, an
             index, or a callable output -> logits) when the strategy wraps a plain LightningModule.
         process arguments: ``accelerator``, ``parallel_devices``, ``cluster_environment``,
@@ -116,6 +122,7 @@ class FederatedStrategy(DDPStrategy):
         clients_per_chunk: int | None = None,
         optimizer_state: str = "reset",
         optimizer_state_dtype: str = "float32",
+        optimizer_state_dir: str | os.PathLike[str] | None = None,
         drop_last: bool = False,
         logits_from: LogitsFrom = None,
         server_optimizer: str = "none",
@@ -148,6 +155,7 @@ class FederatedStrategy(DDPStrategy):
             raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
         check_positive_int("clients_per_chunk", clients_per_chunk, allow_none=True)
         check_optimizer_state(optimizer_state, optimizer_state_dtype, shared_layers)
+        check_state_directory(optimizer_state_dir, optimizer_state)
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         self.server_optimizer_config = ServerOptimizerConfig.from_arguments(
@@ -178,6 +186,7 @@ class FederatedStrategy(DDPStrategy):
         # Not `optimizer_state`: that name is Strategy.optimizer_state(), which checkpoints call.
         self.local_optimizer_state = optimizer_state
         self.optimizer_state_dtype = optimizer_state_dtype
+        self.optimizer_state_dir = None if optimizer_state_dir is None else str(optimizer_state_dir)
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
         if drop_last and local_epochs is None:
@@ -248,6 +257,7 @@ class FederatedStrategy(DDPStrategy):
             shared_layers=tuple(self.shared_layers),
             optimizer_state=self.local_optimizer_state,
             optimizer_state_dtype=self.optimizer_state_dtype,
+            optimizer_state_dir=self.optimizer_state_dir,
             logits_from=self.logits_from,
             server_lr=self.server_lr,
             server_optimizer=self.server_optimizer_config,
@@ -375,7 +385,8 @@ class FederatedStrategy(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         """DDPStrategy's setup; with one process and no group, evaluation skips its cross-process
         weight sync (there is no other process to sync with). Batch limits are checked first
-        (``batch_limits``: rounds are never cut)."""
+        (``batch_limits``: rounds are never cut), and the precision (float32 only)."""
+        check_precision(trainer)
         apply_batch_limits(trainer)
         if trainer.state.fn == TrainerFn.FITTING or (dist.is_available() and dist.is_initialized()):
             super().setup(trainer)

@@ -26,8 +26,8 @@ DISTRIBUTED_VARIABLES = {
 
 
 STRATEGIES = [
-    "fedrc_options", "fedrc_persist", "fedrc_plateau", "fedrc_server_adam", "fedrc_reseed", "fedem",
-    "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
+    "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_server_adam",
+    "fedrc_reseed", "fedem", "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
 ]  # fmt: skip
 EXECUTORS = ["loop", "vectorized"]
 RUNS = [f"fedrc:{executor}" for executor in EXECUTORS] + STRATEGIES
@@ -116,6 +116,19 @@ def test_every_strategy_gives_the_same_result_on_two_processes(runs, strategy):
         assert torch.equal(value, second["server_optimizer"][key]), key
     rank0, rank1 = _clients(two / "clients_rank0.json"), _clients(two / "clients_rank1.json")
     assert rank0 and rank1 and not rank0 & rank1
+
+
+def test_the_file_store_trains_exactly_as_the_memory_store_on_both_process_counts(runs):
+    """optimizer_state_dir moves the persistent store into a file; nothing else may change."""
+    for path in runs:
+        memory, in_file = (
+            torch.load(path / name / "result.pt") for name in ("fedrc_persist", "fedrc_persist_file")
+        )
+        assert "optimizer.vectors" in in_file["client_state"]
+        for part in ("weights", "client_state"):
+            assert set(memory[part]) == set(in_file[part])
+            for key, value in memory[part].items():
+                assert torch.equal(value, in_file[part][key]), (path.name, key)
 
 
 EXIT_PROBE = """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import warnings
 
 import lightning.pytorch as pl
@@ -57,6 +58,13 @@ STRATEGIES = {
     "fedrc_persist": lambda cpr: lf.FedRCStrategy(
         3, clients_per_round=cpr, local_steps=3, optimizer_state="persist"
     ),
+    "fedrc_persist_file": lambda cpr: lf.FedRCStrategy(
+        3,
+        clients_per_round=cpr,
+        local_steps=3,
+        optimizer_state="persist",
+        optimizer_state_dir=tempfile.gettempdir(),
+    ),
     "fedrc_plateau": lambda cpr: lf.FedRCStrategy(3, clients_per_round=cpr, local_steps=3),
     "fedrc_server_adam": lambda cpr: lf.FedRCStrategy(
         3, clients_per_round=cpr, local_steps=3, server_optimizer="adam", server_lr=0.05
@@ -94,7 +102,9 @@ def train(name: str, executor: str, args: argparse.Namespace, out: str) -> None:
         callbacks=[recorder],
     )
     datamodule = DigitsFederated(num_clients=12, seed=0)
-    momentum = 0.5 if name in ("fedrc_persist", "fedrc_reseed") else 0.0  # persistent state needs momentum
+    momentum = (
+        0.5 if name in ("fedrc_persist", "fedrc_persist_file", "fedrc_reseed") else 0.0
+    )  # persistent state needs momentum
     model_type = PlateauMLP if name == "fedrc_plateau" else MLPClassifier
     trainer.fit(model_type(lr=0.2, momentum=momentum), datamodule=datamodule)
     metrics = trainer.test(trainer.lightning_module, datamodule=datamodule, verbose=False)[0]
