@@ -25,8 +25,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
-from lightning_fedcluster.arguments import check_positive_int, check_seed
-from lightning_fedcluster.engine.executors.select import EXECUTORS
+from lightning_fedcluster.arguments import check_positive_int
 from lightning_fedcluster.engine.optimizer_state import check_optimizer_state
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import TrainingPlan
@@ -35,6 +34,7 @@ from lightning_fedcluster.engine.state_file import check_state_directory
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits, check_precision
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import keep_environment
+from lightning_fedcluster.strategies.round_arguments import check_round_arguments
 
 if TYPE_CHECKING:
     from lightning_fedcluster.algorithms.client_state import ClientState
@@ -145,24 +145,16 @@ class FederatedStrategy(DDPStrategy):
         reject_unknown(type(self).__name__, unknown, valid)
         num_clusters = self._take_algorithm(algorithm, num_clusters, builds_own)
         check_positive_int("num_clusters", num_clusters)
-        check_positive_int("clients_per_round", clients_per_round, allow_none=True)
-        check_positive_int("local_steps", local_steps, allow_none=True)
-        check_positive_int("local_epochs", local_epochs, allow_none=True)
-        if local_steps is not None and local_epochs is not None:
-            raise ValueError("give either local_steps or local_epochs, not both")
-        check_seed(seed)
-        if executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-        check_positive_int("clients_per_chunk", clients_per_chunk, allow_none=True)
+        check_round_arguments(
+            clients_per_round=clients_per_round, local_steps=local_steps, local_epochs=local_epochs,
+            drop_last=drop_last, seed=seed, executor=executor, clients_per_chunk=clients_per_chunk,
+            server_lr=server_lr, finetune_epochs=finetune_epochs,
+        )  # fmt: skip
         check_optimizer_state(optimizer_state, optimizer_state_dtype, shared_layers)
         check_state_directory(optimizer_state_dir, optimizer_state)
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
         self.server_optimizer_config = ServerOptimizerConfig.from_arguments(
             server_optimizer, server_momentum, server_betas, server_tau
         )
-        if isinstance(finetune_epochs, bool) or not isinstance(finetune_epochs, int) or finetune_epochs < 0:
-            raise ValueError(f"finetune_epochs must be an integer >= 0, got {finetune_epochs!r}")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -187,10 +179,6 @@ class FederatedStrategy(DDPStrategy):
         self.local_optimizer_state = optimizer_state
         self.optimizer_state_dtype = optimizer_state_dtype
         self.optimizer_state_dir = None if optimizer_state_dir is None else str(optimizer_state_dir)
-        if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
-        if drop_last and local_epochs is None:
-            raise ValueError("drop_last applies to local_epochs (passes over the data); give local_epochs")
         self.drop_last = drop_last
         self.logits_from = check_logits_from(logits_from)
         # Set by the ClusteredModule once it has resolved the executor (None: the loop).
