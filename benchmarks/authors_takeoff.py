@@ -161,6 +161,8 @@ def summarize(args: argparse.Namespace) -> None:
         line = f"{side:<8} {len(reached)}/{len(rows)} seeds take off"
         if reached:
             line += f", rounds {sorted(reached)}, median {statistics.median(reached):g}"
+        line += f"; {sum(r['half_way'] is not None for r in rows)}/{len(rows)} reach ARI 0.5"
+        line += f"; max ARI median {statistics.median(r['max_ari'] for r in rows):.2f}"
         for t in args.score_rounds:
             means = [statistics.mean(r[f"acc{t}"]) for r in rows if r[f"acc{t}"] is not None]
             if len(means) > 1:
