@@ -33,7 +33,8 @@ class OptimizerStateFile(MutableMapping[int, Tensor]):
         self._file: IO[bytes] = tempfile.TemporaryFile(
             prefix="fedcluster-optimizer-state-", dir=self.directory
         )
-        self._slots: dict[int, int] = {}
+        self._slots: dict[int, int] = {}  # client -> position of its vector in the file
+        self._next_slot = 0
         self._numel: int | None = None
 
     @property
@@ -54,7 +55,10 @@ class OptimizerStateFile(MutableMapping[int, Tensor]):
             self._numel = flat.numel()
         if flat.numel() != self._numel:
             raise ValueError(f"every stored state vector has {self._numel} values, got {flat.numel()}")
-        slot = self._slots.setdefault(int(key), len(self._slots))
+        slot = self._slots.get(int(key))
+        if slot is None:
+            slot = self._slots[int(key)] = self._next_slot
+            self._next_slot += 1
         self._file.seek(slot * self.vector_bytes)
         self._file.write(flat.view(torch.uint8).numpy().data)
         self._file.flush()
@@ -71,6 +75,7 @@ class OptimizerStateFile(MutableMapping[int, Tensor]):
 
     def clear(self) -> None:
         self._slots.clear()
+        self._next_slot = 0
         self._numel = None
         self._file.truncate(0)
 

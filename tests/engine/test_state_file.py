@@ -34,6 +34,9 @@ def test_vectors_round_trip_bit_for_bit_and_reads_are_copies(tmp_path, dtype):
     assert list(store) == [7, 2]
     with pytest.raises(ValueError, match="1000 values"):
         store[3] = torch.zeros(999)
+    del store[7]  # a forgotten client's slot is never handed to another client
+    store[9] = first
+    assert sorted(store) == [2, 9] and torch.equal(store[2], second.to(dtype))
 
 
 def test_the_file_has_no_name_and_copies_are_independent(tmp_path):
