@@ -446,12 +446,14 @@ def run(args: argparse.Namespace) -> None:
             f"seed {seed}: FedRCStrategy(K={K}, local_steps=1, all clients, optimizer_state={state}, "
             f"{', '.join(f'{k}={v}' for k, v in server_options(args).items()) or 'no server optimizer'}), "
             f"FashionCNN SGD lr {LR} momentum {MOMENTUM} weight decay {WEIGHT_DECAY} via {decay_via}, "
-            f"batch {BATCH}, {args.rounds} rounds; train CPU-s: the round (E-step, local steps, "
-            "aggregation); eval CPU-s: adapt + score of the global clients"
+            f"batch {BATCH}, {args.rounds} rounds, precision {args.precision}; train CPU-s: the round "
+            "(E-step, local steps, aggregation); eval CPU-s: adapt + score of the global clients"
         )
         timer = RoundTimer()
         evaluation = GlobalEvaluation(timer, global_clients, echo=not args.quiet_rounds)
-        trainer = make_trainer(strategy, args.rounds, validate=False, callbacks=[timer, evaluation])
+        trainer = make_trainer(
+            strategy, args.rounds, validate=False, callbacks=[timer, evaluation], precision=args.precision
+        )
         print(header_line(concepts))
         trainer.fit(model, datamodule=dm)
         last = dict(evaluation.rows[-1])
@@ -504,6 +506,10 @@ def main() -> None:
         help="keep the persistent optimizer-state store in a file in this directory, not in memory",
     )  # fmt: skip
     r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument(
+        "--precision", choices=("32-true", "bf16-mixed"), default="32-true",
+        help="Trainer(precision=...): bf16-mixed runs every forward under bfloat16 autocast",
+    )  # fmt: skip
     r.add_argument("--server-optimizer", choices=("none", "momentum", "adam"), default="none")
     r.add_argument("--server-lr", type=float, default=1.0, help="η_g")
     r.add_argument("--server-momentum", type=float, default=None, help="β of --server-optimizer momentum")

@@ -276,8 +276,14 @@ class ClusteredModule(
 
     @torch.no_grad()
     def evaluate_clusters(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
-        """Per-sample losses [N, K] (None without labels) and outputs [K, N, ...] of every cluster model."""
-        return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
+        """Per-sample losses [N, K] (None without labels) and outputs [K, N, ...] of every cluster
+        model, in the precision plugin's forward context (autocast with "bf16-mixed"): some passes
+        run in hooks (the estimation pass at fit start), where Lightning enters no step context."""
+        precision = contextlib.nullcontext()
+        if self._trainer is not None:
+            precision = self._trainer.precision_plugin.forward_context()
+        with precision:
+            return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
 
     def forward(self, x: Tensor) -> Tensor:
         """Outputs of every cluster model, shape [K, N, ...]."""

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 LogitsFrom = int | str | Callable[[Any], Tensor] | None
@@ -78,7 +79,9 @@ def select_logits(output: Any, logits_from: LogitsFrom, owner: str = "model") ->
             f"logits_from={logits_from!r} selects {describe(selected)} from {owner}.forward's output, not a "
             "tensor of logits"
         )
-    return selected
+    # Under bfloat16 autocast (precision="bf16-mixed") the losses, the E-step and the metrics
+    # read float32 logits, so that only the model's own layers run in half precision.
+    return selected.float() if selected.dtype in (torch.bfloat16, torch.float16) else selected
 
 
 def forward_logits(model: nn.Module, x: Tensor, logits_from: LogitsFrom) -> Tensor:

@@ -28,7 +28,9 @@ class TrainingPlan:
     "float16") in memory, or in a file under ``optimizer_state_dir``; ``server_lr`` and
     ``server_optimizer`` make the server step;
     ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation;
-    ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning.
+    ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning; ``precision`` is the Trainer's
+    ("32-true", or "bf16-mixed": the Lightning host runs every forward under Lightning's autocast,
+    ``strategies/precision.py``).
     """
 
     name: str
@@ -49,6 +51,7 @@ class TrainingPlan:
     clients_per_round: int | None = None
     clients_per_chunk: int | None = None
     finetune_epochs: int = 0
+    precision: str = "32-true"
 
     @property
     def persists_optimizer_state(self) -> bool:

@@ -58,6 +58,12 @@ def unsupported_reason(strategy: Any) -> str | None:
             "numpy arrays, which have no bfloat16, and the half-precision store is tested on the "
             "Lightning engine only (give optimizer_state_dtype='float32')"
         )
+    precision = strategy.precision_plugin.precision
+    if precision != "32-true":
+        return (
+            f"precision_plugin with precision={precision!r}: the nodes train in float32 and apply no "
+            "autocast (mixed precision is a Lightning Trainer option; drop the precision plugin)"
+        )
     if getattr(strategy, "optimizer_state_dir", None) is not None:
         return (
             "optimizer_state_dir: a node keeps its optimizer-state store in Flower's context between "

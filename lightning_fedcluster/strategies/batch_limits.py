@@ -11,10 +11,6 @@ per unseen client. So:
   (n client-steps, or n chunks of clients), which are aggregated as a round. Validation, test
   and predict run whole (evaluation is chunked, so a whole pass costs about one round), because
   a pass cut after n items would report the clients it never scored as 0.
-
-``precision`` other than "32-true" is refused: the engine runs the E-step and evaluation outside
-``training_step``, so a precision plugin would apply to part of a round only (and the true-half
-plugins would meet float32 batches).
 """
 
 from __future__ import annotations
@@ -26,18 +22,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 def _whole(limit: int | float) -> bool:
     """True for Lightning's "all batches" (the float 1.0; the int 1 means one batch)."""
     return isinstance(limit, float) and limit == 1.0
-
-
-def check_precision(trainer: pl.Trainer) -> None:
-    """Only float32 training: refuse any other ``Trainer(precision=...)`` before anything runs."""
-    precision = trainer.strategy.precision_plugin.precision
-    if precision != "32-true":
-        raise ValueError(
-            f"Trainer(precision={precision!r}) is not supported by the federated strategies: the engine "
-            "runs the E-step and evaluation outside training_step, where the precision plugin would not "
-            "apply. Use precision='32-true' (the default); to halve the persistent optimizer store use "
-            "optimizer_state_dtype='bfloat16'"
-        )
 
 
 def apply_batch_limits(trainer: pl.Trainer) -> None:

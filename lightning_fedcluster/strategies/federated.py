@@ -31,9 +31,10 @@ from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
 from lightning_fedcluster.engine.state_file import check_state_directory
-from lightning_fedcluster.strategies.batch_limits import apply_batch_limits, check_precision
+from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import keep_environment
+from lightning_fedcluster.strategies.precision import check_precision
 from lightning_fedcluster.strategies.round_arguments import check_round_arguments
 
 if TYPE_CHECKING:
@@ -253,6 +254,7 @@ class FederatedStrategy(DDPStrategy):
             clients_per_round=self.clients_per_round,
             clients_per_chunk=self.clients_per_chunk,
             finetune_epochs=self.finetune_epochs,
+            precision=self.precision_plugin.precision,
         )
 
     def round_schedule(
@@ -373,7 +375,7 @@ class FederatedStrategy(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         """DDPStrategy's setup; with one process and no group, evaluation skips its cross-process
         weight sync (there is no other process to sync with). Batch limits are checked first
-        (``batch_limits``: rounds are never cut), and the precision (float32 only)."""
+        (``batch_limits``: rounds are never cut), and the precision (``strategies/precision.py``)."""
         check_precision(trainer)
         apply_batch_limits(trainer)
         if trainer.state.fn == TrainerFn.FITTING or (dist.is_available() and dist.is_initialized()):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
@@ -38,15 +37,3 @@ def test_fast_dev_run_trains_one_short_round_and_evaluates_every_client():
     assert all(metrics[f"val/global_acc_concept{c}"] > 0.0 for c in range(2))
     tested = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]
     assert tested["test/global_acc"] > 0.0 and tested["test/local_acc"] > 0.0
-
-
-@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "64-true"])
-def test_a_precision_other_than_float32_is_refused_before_training(precision):
-    """The E-step and evaluation run outside training_step: a plugin would cover part of a round."""
-    trainer = make_trainer(small_strategy(), 2, precision=precision)
-    module = MLPClassifier()
-    weights = [p.detach().clone() for p in module.parameters()]
-    with pytest.raises(ValueError, match=rf"Trainer\(precision='{precision}'\) is not supported.*'32-true'"):
-        trainer.fit(module, datamodule=small_datamodule())
-    assert trainer.global_step == 0
-    assert all(torch.equal(a, b) for a, b in zip(weights, module.parameters(), strict=True))

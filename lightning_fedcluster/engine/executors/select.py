@@ -37,6 +37,11 @@ def vectorized_obstacle(module: TrainingHost) -> str | None:
     """Why the vectorised executor cannot run this module under its algorithm, or None."""
     rule, model = module.rule, module.models[0]
     name = type(rule).__name__
+    if module.plan is not None and module.plan.precision != "32-true":
+        return (
+            f"precision={module.plan.precision!r}: torch.func's vmap runs the no-grad E-step pass "
+            "without autocast, so the pass would be float32 where the loop executor's is bfloat16"
+        )
     if module.shared_layers:
         return "shared_layers (one extractor tied across the K copies) cannot be stacked per client"
     if rule.capabilities.personal_models:
