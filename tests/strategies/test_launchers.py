@@ -26,8 +26,9 @@ DISTRIBUTED_VARIABLES = {
 
 
 STRATEGIES = [
-    "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_server_adam",
-    "fedrc_reseed", "fedem", "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
+    "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_bf16",
+    "fedrc_server_adam", "fedrc_reseed", "fedem", "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl",
+    "fedavg", "fedprox",
 ]  # fmt: skip
 EXECUTORS = ["loop", "vectorized"]
 RUNS = [f"fedrc:{executor}" for executor in EXECUTORS] + STRATEGIES
@@ -129,6 +130,18 @@ def test_the_file_store_trains_exactly_as_the_memory_store_on_both_process_count
             assert set(memory[part]) == set(in_file[part])
             for key, value in memory[part].items():
                 assert torch.equal(value, in_file[part][key]), (path.name, key)
+
+
+def test_bf16_mixed_runs_on_the_loop_and_moves_the_float32_weights_by_rounding_only(runs):
+    """``fedrc_bf16`` is ``fedrc@loop`` under Trainer(precision="bf16-mixed"): "auto" picks the
+    loop, and its weights differ from float32's (autocast ran) by bfloat16 rounding only."""
+    for path in runs:
+        assert (path / "fedrc_bf16" / "executor.txt").read_text() == "loop"
+        plain, mixed = (
+            torch.load(path / name / "result.pt")["weights"] for name in ("fedrc@loop", "fedrc_bf16")
+        )
+        gaps = [float((plain[key] - mixed[key]).abs().max()) for key in plain]
+        assert 0 < max(gaps) < 0.05, gaps
 
 
 EXIT_PROBE = """

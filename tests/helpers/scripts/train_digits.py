@@ -66,6 +66,7 @@ STRATEGIES = {
         optimizer_state_dir=tempfile.gettempdir(),
     ),
     "fedrc_plateau": lambda cpr: lf.FedRCStrategy(3, clients_per_round=cpr, local_steps=3),
+    "fedrc_bf16": lambda cpr: lf.FedRCStrategy(3, clients_per_round=cpr, local_steps=3),
     "fedrc_server_adam": lambda cpr: lf.FedRCStrategy(
         3, clients_per_round=cpr, local_steps=3, server_optimizer="adam", server_lr=0.05
     ),
@@ -82,6 +83,7 @@ STRATEGIES = {
     "fedavg": lambda cpr: lf.FedAvgStrategy(clients_per_round=cpr, local_steps=3),
     "fedprox": lambda cpr: lf.FedProxStrategy(mu=0.1, clients_per_round=cpr, local_steps=3),
 }
+PRECISION = {"fedrc_bf16": "bf16-mixed"}  # Trainer(precision=...) of a run, "32-true" if not named
 
 
 def train(name: str, executor: str, args: argparse.Namespace, out: str) -> None:
@@ -100,6 +102,7 @@ def train(name: str, executor: str, args: argparse.Namespace, out: str) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         callbacks=[recorder],
+        precision=PRECISION.get(name, "32-true"),
     )
     datamodule = DigitsFederated(num_clients=12, seed=0)
     momentum = (
