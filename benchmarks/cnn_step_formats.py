@@ -17,7 +17,7 @@ import statistics
 
 import torch
 from _common import CLOCK_HELP, clock, machine_line, set_clock, set_threads
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_fedcluster.models import FashionCNN
 
@@ -30,7 +30,7 @@ SETTINGS = (
 
 
 def timed_pair(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch, rows, bf16: bool
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, Tensor], rows: Tensor, bf16: bool
 ) -> tuple[float, float]:
     """Seconds of one local step (forward, backward, SGD step) on ``batch`` and of one no-grad
     pass over ``rows``."""

@@ -1,15 +1,16 @@
 """Which ``Trainer(precision=...)`` the federated strategies train with (checked at setup).
 
 - "32-true" (the default) and "bf16-mixed" train. With "bf16-mixed" every forward the engine
-  makes runs under Lightning's autocast: the local steps, the vectorised chunks and the E-step of
-  a client's turn inside ``training_step``; evaluation inside ``validation_step``/``test_step``;
-  and the passes that run in hooks (the estimation pass at fit start, inference) through
+  makes runs under Lightning's autocast: a client's E-step and local steps inside
+  ``training_step`` (loop executor); evaluation inside ``validation_step``/``test_step``; and the
+  passes that run in hooks (the estimation pass at fit start, inference) through
   ``ClusteredModule.evaluate_clusters``, which enters the plugin's ``forward_context``. Weights,
   gradients, the optimizer, aggregation and the E-step's arithmetic stay float32/float64; the
-  logits are read back as float32 (``engine/outputs.py``).
-- "16-mixed" needs a gradient scaler, which the vectorised executor's own update has no place
-  for; the "true" half and double precisions would convert the weights that the engine averages
-  and stores in float32. They are refused before anything runs.
+  logits are read back as float32 (``engine/outputs.py``). The vectorised executor refuses it
+  (``engine/executors/select.py``): ``vmap`` applies no autocast to its no-grad E-step pass.
+- "16-mixed" needs a gradient scaler, which the engine's update steps do not apply; the "true"
+  half and double precisions would convert the weights that the engine averages and stores in
+  float32. They are refused before anything runs.
 """
 
 from __future__ import annotations
