@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier, MLPRegressor
+from tests.conftest import NEEDS_VISION
 
 
 def test_linear_regressor_is_fedsofts_model() -> None:
@@ -41,13 +42,59 @@ def test_reference_classifiers_take_the_authors_solver_settings():
 
     from lightning_fedcluster.models import FashionCNN, MLPClassifier
 
-    for model in (FashionCNN(lr=0.06, momentum=0.9, weight_decay=5e-4), MLPClassifier(lr=0.06, momentum=0.9,
-                                                                                        weight_decay=5e-4)):
+    for model in (
+        FashionCNN(lr=0.06, momentum=0.9, weight_decay=5e-4),
+        MLPClassifier(lr=0.06, momentum=0.9, weight_decay=5e-4),
+    ):
         optimizer = model.configure_optimizers()
         assert isinstance(optimizer, torch.optim.SGD)
         assert optimizer.defaults["lr"] == 0.06 and optimizer.defaults["momentum"] == 0.9
         assert optimizer.defaults["weight_decay"] == 5e-4
-    for bad, match in ((dict(weight_decay=-1.0), "weight_decay"), (dict(momentum=1.0), "momentum"),
-                       (dict(lr=0.0), "lr")):
+    for bad, match in (
+        (dict(weight_decay=-1.0), "weight_decay"),
+        (dict(momentum=1.0), "momentum"),
+        (dict(lr=0.0), "lr"),
+    ):
         with pytest.raises(ValueError, match=match):
             FashionCNN(**bad)
+
+
+@pytest.fixture(scope="module")
+def fashion_files(tmp_path_factory):
+    pytest.importorskip("torchvision", reason=NEEDS_VISION)
+    from tests.helpers.vision_files import write_fashion_mnist
+
+    return write_fashion_mnist(tmp_path_factory.mktemp("fmnist"), n_train=300, n_test=60)
+
+
+def _fit_fashion_cnn(root, executor: str, memory_format: torch.memory_format) -> list[torch.Tensor]:
+    import lightning_fedcluster as lf
+    from lightning_fedcluster.datamodules import FashionMNISTFederated
+    from lightning_fedcluster.models import FashionCNN
+    from tests.conftest import make_trainer
+
+    torch.manual_seed(0)
+    dm = FashionMNISTFederated(root=str(root), num_clients=4, batch_size=32, seed=0, download=False)
+    model = FashionCNN(lr=0.05, momentum=0.9).to(memory_format=memory_format)
+    strategy = lf.FedRCStrategy(num_clusters=2, local_steps=2, executor=executor, optimizer_state="persist")
+    trainer = make_trainer(strategy, 2, limit_val_batches=0)
+    trainer.fit(model, datamodule=dm)
+    return list(trainer.lightning_module.models.parameters())
+
+
+@pytest.mark.parametrize("executor", ["loop", "vectorized"])
+def test_fashion_cnn_trains_channels_last_and_the_engine_keeps_the_layout(fashion_files, executor) -> None:
+    """FashionCNN's convolution weights are channels-last (its speed on a CPU); the engine's
+    in-place weight moves keep that layout through rounds, and the layout changes the result by
+    float rounding only."""
+    from lightning_fedcluster.models import FashionCNN
+
+    conv = FashionCNN().features[3].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    trained = _fit_fashion_cnn(fashion_files, executor, torch.channels_last)
+    convs = [p for p in trained if p.dim() == 4 and p.shape[1] > 1]
+    assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    reference = _fit_fashion_cnn(fashion_files, executor, torch.contiguous_format)
+    assert all(p.is_contiguous() for p in reference)
+    gap = max(float((a - b).abs().max()) for a, b in zip(trained, reference, strict=True))
+    assert gap < 1e-4
