@@ -63,3 +63,67 @@ def test_pip_commands_name_extras_that_exist():
     assert named
     for group in named:
         assert set(group.split(",")) <= extras, group
+
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def readme_line(prefix: str) -> tuple[int, str]:
+    """The README's first line starting with ``prefix`` and its index (as .ci/run reads them)."""
+    lines = (ROOT / "README.md").read_text().split("\n")
+    found = [(i, line) for i, line in enumerate(lines) if line.startswith(prefix)]
+    assert found, f"README.md has no line starting with {prefix!r}"
+    return found[0]
+
+
+def test_the_readmes_cpu_install_keeps_a_cpu_torch_through_the_test_command():
+    """The CPU advice installs torch and torchvision together from PyTorch's CPU index, before the
+    test command; the test command cannot replace them (no upgrade flag), and no requirement of the
+    package or of the installed distributions it depends on excludes a ``+cpu`` build of the
+    installed releases: pip's default upgrade strategy (only-if-needed) then keeps them. Measured
+    with ``pip install --dry-run --report``: after torch alone (2.13.0+cpu) the test command
+    installs torch 2.15.0, triton and 15 nvidia-* wheels; after torch and torchvision, none."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    cpu_at, cpu = readme_line("pip install torch")
+    test_at, test = readme_line('pip install -e ".[dev')
+    words = shlex.split(cpu)
+    assert {"torch", "torchvision"} <= set(words), cpu
+    assert words[words.index("--index-url") + 1] == CPU_INDEX, cpu
+    assert cpu_at < test_at, "the CPU install must come before the test command"
+    install = shlex.split(test.split("&&")[0])
+    assert not {"-U", "--upgrade", "--force-reinstall", "--upgrade-strategy"} & set(install), test
+
+    cpu_builds = {name: metadata.version(name).split("+")[0] + "+cpu" for name in ("torch", "torchvision")}
+    pending = ["lightning-fedcluster"]
+    extras = {"lightning-fedcluster": {"dev", "flower", "vision"}}
+    seen: set[str] = set()
+    checked: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # an extra's package that this environment lacks (e.g. flwr on Python 3.10)
+        for text in requires:
+            requirement = Requirement(text)
+            wanted = extras.get(name, set())
+            if requirement.marker and not any(
+                requirement.marker.evaluate({"extra": extra}) for extra in (wanted or {""})
+            ):
+                continue
+            key = requirement.name.lower()
+            if key in cpu_builds:
+                checked.add(key)
+                assert requirement.specifier.contains(cpu_builds[key], prereleases=True), (
+                    f"{name} requires {requirement}, which a CPU build {cpu_builds[key]} does not satisfy: "
+                    "pip would replace the README's CPU torch"
+                )
+            elif key != name:
+                pending.append(key)
+    assert checked == {"torch", "torchvision"}, "the requirements on torch and torchvision were found"
