@@ -119,6 +119,7 @@ class ClusteredModule(
         self.client_state: ClientState | None = None
         self.round: RoundState | None = None
         self.round_metrics: dict[str, float] = {}
+        self.rounds_trained = 0  # rounds aggregated into the weights: the logging step (checkpointed)
         self.eval_metrics: dict[str, float] = {}
         self.log_label_stats: Tensor | None = None
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
@@ -360,7 +361,7 @@ class ClusteredModule(
             assert self.driver is not None and self.round is not None
             with self.timed("aggregation"):
                 metrics = self.driver.end_round(self.round, self.reduce_sum)
-            self.round = None
+            self.rounds_trained, self.round = self.round.round_index + 1, None
             self._log_round_metrics(metrics)
         return None
 

@@ -4,9 +4,11 @@ images (TensorBoard), figures of how the clusters relate to the true concepts.
 The ClusteredModule adds it automatically (configure_callbacks). Scalars go to every logger. The
 figures (drawn by `lightning_fedcluster.figures`) are: the clients × clusters ω matrix, the
 concept × cluster shares, C_{y,k} (FedRC), and the validation accuracy per concept over rounds.
-They are drawn at validation rounds only (``check_val_every_n_epoch``; rendering a figure costs
-far more than a round of the small models), plus every ``images_every`` rounds when given, and
-not at all with ``figures=False`` (``fedcluster fit --figures=false``). ``draw`` gives the run's
+They are drawn at validation rounds (``check_val_every_n_epoch``; rendering a figure costs far
+more than a round of the small models) and at the end of training (a run that does not end on a
+validation round still gets its final clusters), plus every ``images_every`` rounds when given,
+and not at all with ``figures=False`` (``fedcluster fit --figures=false``). Every scalar and
+figure has the round as its step, as the test scores have (``engine/evaluation.py``). ``draw`` gives the run's
 current figures, e.g. to save them for a paper with `lightning_fedcluster.figures.save_figure`.
 """
 
@@ -74,6 +76,12 @@ class ClusterMonitor(pl.Callback):
         self._draw_clusters(trainer, pl_module, step)
         if self.figures:
             log_figure(trainer, "val/per_concept", self._accuracy_figure, step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The final round's cluster figures, unless its validation already drew them."""
+        rounds = getattr(pl_module, "rounds_trained", 0)
+        if rounds > 0:
+            self._draw_clusters(trainer, pl_module, rounds)
 
     def draw(
         self,

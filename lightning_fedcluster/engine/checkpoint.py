@@ -58,6 +58,7 @@ def metadata(
     state: ClientState | None,
     round_in_progress: int | None,
     schedule: dict[str, Any] | None = None,
+    rounds_trained: int = 0,
 ) -> dict[str, Any]:
     return {
         "algorithm": name,
@@ -65,6 +66,7 @@ def metadata(
         "schedule": schedule or {},
         "client_state_keys": sorted(state.extra) if state is not None else [],
         "round_in_progress": round_in_progress,
+        "rounds_trained": rounds_trained,
     }
 
 
@@ -184,7 +186,9 @@ class CheckpointHooks:
             # the round's last step): Lightning would resume inside the epoch, not at the next round.
             in_progress = self._open_epoch
         schedule = schedule_config(self.plan)
-        ckpt[METADATA_KEY] = metadata(self.plan.name, self.rule, self.client_state, in_progress, schedule)
+        ckpt[METADATA_KEY] = metadata(
+            self.plan.name, self.rule, self.client_state, in_progress, schedule, self.rounds_trained
+        )
 
     def on_load_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
         check_num_clusters(ckpt, self.num_clusters)
@@ -195,6 +199,7 @@ class CheckpointHooks:
         ):
             check_solver_layout(ckpt["optimizer_states"][0], local_optimizer(self.models, self.trainer))
         load_server_optimizer(self.server_optimizer, ckpt)
+        self.rounds_trained = int((ckpt.get(METADATA_KEY) or {}).get("rounds_trained", 0))
         state = ckpt.get(CLIENT_STATE_KEY)
         if state is None:
             return

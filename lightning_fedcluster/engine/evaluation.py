@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
@@ -163,6 +164,7 @@ class EvaluationHooks:
         self._evaluation = Evaluation(self, "val")
 
     def on_test_epoch_start(self: TrainingHost) -> None:
+        warn_if_untrained(self, "testing")
         self._evaluation = Evaluation(self, "test")
 
     def validation_step(self: TrainingHost, batch: EvaluationChunk, batch_idx: int) -> None:
@@ -200,3 +202,18 @@ class EvaluationHooks:
                 sync_dist=True,
                 prog_bar=name.endswith((f"local_{metric}", f"global_{metric}")),
             )
+        if stage == "test":  # Lightning's public way to give the loggers a step: the round, as for
+            # every other scalar of the run (ClusterMonitor), instead of the count of client-steps
+            self.log("step", float(self.rounds_trained), batch_size=1, sync_dist=True)
+
+
+def warn_if_untrained(host: TrainingHost, doing: str) -> None:
+    """Warn when no client has trained yet (``trainer.test``/``predict`` before ``fit``, or a fit
+    with ``max_epochs=0``): the scores are the initial weights' under uniform ω."""
+    state = host.client_state
+    if state is not None and not bool(state.seen.any()):
+        rank_zero_warn(
+            f"{doing} models that no client has trained yet (trainer.{doing.removesuffix('ing')} before "
+            "trainer.fit, or a fit with max_epochs=0): the scores are those of the initial weights with "
+            "uniform cluster weights ω. Fit first (max_epochs >= 1), or pass ckpt_path= of a trained run"
+        )

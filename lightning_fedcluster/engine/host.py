@@ -31,6 +31,7 @@ class TrainingHost(Protocol):
     copies: ClusterCopies
     client_state: ClientState | None
     round: RoundState | None
+    rounds_trained: int
     task: str
     seed: int
     logits_from: LogitsFrom

@@ -122,6 +122,7 @@ def load_run(path: str | os.PathLike, module: Any, strategy: Any) -> Any:
     state.load_state_dict(store)
     clustered.client_state = state
     clustered.round_metrics = dict(run.metrics[-1]) if run.metrics else {}
+    clustered.rounds_trained = len(run.metrics)  # one entry per round: the test scores' step
     if strategy.algorithm.capabilities.personal_models and not state.personal:
         warnings.warn(
             f"the run at {str(path)!r} holds no personal models (a deployment keeps them on the nodes; "

@@ -200,7 +200,7 @@ class FlowerServer:
                 metrics.update(self.evaluate(grid, federation, state))
             self.metrics.append(metrics)
             self.round_seconds.append(time.perf_counter() - started)
-            module.round_metrics = metrics
+            module.round_metrics, module.rounds_trained = metrics, round_index + 1
             if writer is not None:
                 for name, value in metrics.items():
                     writer.add_scalar(name, value, round_index + 1)

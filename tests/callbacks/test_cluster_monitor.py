@@ -1,6 +1,7 @@
 """callbacks/cluster_monitor.py: round metrics and figures in real TensorBoard files at validation
-rounds only, switched off or drawn for a paper, kept across a resume, and one monitor per trainer
-without warnings."""
+rounds and the end of training, every scalar (the test scores too) with the round as its step,
+switched off or drawn for a paper, kept across a resume, and one monitor per trainer without
+warnings."""
 
 from __future__ import annotations
 
@@ -46,12 +47,12 @@ def counted_fit(digits, tmp_path: Path, monkeypatch, callbacks: list, rounds: in
     return calls
 
 
-def test_figures_are_drawn_at_validation_rounds_only(digits, tmp_path, monkeypatch) -> None:
+def test_figures_are_drawn_at_validation_rounds_and_the_end_only(digits, tmp_path, monkeypatch) -> None:
     calls = counted_fit(digits, tmp_path, monkeypatch, [DataSummary()])
-    # 7 rounds, validation at rounds 3 and 6: each cluster figure twice (not at the last round,
-    # 7), the data summary once
+    # 7 rounds, validation at rounds 3 and 6: each cluster figure at rounds 3 and 6 and at the end
+    # of training (7), the accuracy per concept at the validation rounds, the data summary once
     assert calls == Counter(
-        omega_figure=2, shares_figure=2, label_stats_figure=2, accuracy_figure=2, data_summary_figure=1
+        omega_figure=3, shares_figure=3, label_stats_figure=3, accuracy_figure=2, data_summary_figure=1
     )
 
 
@@ -66,7 +67,7 @@ def test_switched_off_figures_draw_nothing(digits, tmp_path, monkeypatch) -> Non
 
 def test_images_every_adds_rounds_to_the_validation_ones(digits, tmp_path, monkeypatch) -> None:
     calls = counted_fit(digits, tmp_path, monkeypatch, [ClusterMonitor(images_every=2)])
-    assert calls["omega_figure"] == 4  # rounds 2, 3, 4, 6 (round 6 drawn once), not 7
+    assert calls["omega_figure"] == 5  # rounds 2, 3, 4, 6 (round 6 drawn once) and the end, 7
     assert calls["accuracy_figure"] == 2
 
 
@@ -152,7 +153,7 @@ def test_fit_then_test_adds_one_cluster_monitor_and_warns_nothing():
 CLUSTER_TAGS = ("clusters/omega_clients_by_concept", "clusters/concept_shares", "clusters/label_stats_C")
 
 
-def test_a_short_fit_writes_readable_figures_at_validation_rounds_only(digits, tmp_path) -> None:
+def test_a_short_fit_writes_readable_figures_at_validation_rounds_and_the_end(digits, tmp_path) -> None:
     logger = TensorBoardLogger(str(tmp_path), name="run")
     trainer = make_trainer(
         FedRCStrategy(3, clients_per_round=3, local_steps=1),
@@ -170,10 +171,11 @@ def test_a_short_fit_writes_readable_figures_at_validation_rounds_only(digits, t
     for tag in tags:
         for image in events.Images(tag):
             assert image.width >= 400 and image.height >= 200, (tag, image.width, image.height)
-    # Cluster figures and the accuracy chart at the validation rounds (2, 4) only, not at the
-    # other rounds nor the last one (5); the data summary once at fit start.
-    for tag in (*CLUSTER_TAGS, "val/per_concept"):
-        assert [image.step for image in events.Images(tag)] == [2, 4], tag
+    # Cluster figures at the validation rounds (2, 4) and the last round (5), not at the other
+    # rounds; the accuracy chart at the validation rounds; the data summary once at fit start.
+    for tag in CLUSTER_TAGS:
+        assert [image.step for image in events.Images(tag)] == [2, 4, 5], tag
+    assert [image.step for image in events.Images("val/per_concept")] == [2, 4]
     assert [image.step for image in events.Images("data/summary")] == [0]
     assert [s.step for s in events.Scalars("train/loss")] == [1, 2, 3, 4, 5]  # scalars every round
 
@@ -217,3 +219,29 @@ def test_logger_false_gives_no_no_logger_warnings() -> None:
     assert not [m for m in messages if "logger=True" in m or "no logger configured" in m], messages
     assert 0.0 < results["test/global_acc"] <= 1.0  # the test metrics are still returned
     assert "test/local_acc" in trainer.callback_metrics
+
+
+@pytest.mark.parametrize("executor", ["loop", "vectorized"])
+def test_every_scalar_and_figure_of_a_run_has_the_round_as_its_step(small_digits, tmp_path, executor):
+    """The test scores (logged by Lightning's logger connector, whose default step is the count of
+    client-steps: 4 rounds x 6 clients x 2 steps = 48 with the loop executor) and the round metrics
+    (ClusterMonitor) share one axis, the round; a run that does not end on a validation round
+    gets its cluster figures at its last round too."""
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
+    trainer = make_trainer(FedRCStrategy(3, clients_per_round=6, local_steps=2, executor=executor),
+                           max_epochs=4, logger=logger, check_val_every_n_epoch=3)  # fmt: skip
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=small_digits)
+    assert trainer.global_step > 4
+    results = trainer.test(trainer.lightning_module, datamodule=small_digits, verbose=False)[0]
+    assert results["step"] == 4.0  # the rounds the tested models trained
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    steps = {tag: sorted({e.step for e in events.Scalars(tag)}) for tag in events.Tags()["scalars"]}
+    assert steps["train/loss"] == [1, 2, 3, 4] and steps["val/local_acc"] == [3]
+    assert steps["test/local_acc"] == steps["test/concept_ari"] == [4]
+    assert "epoch" not in steps and "step" not in steps, sorted(steps)
+    off_axis = {tag: s for tag, s in steps.items() if not set(s) <= {0, 1, 2, 3, 4}}
+    assert not off_axis, off_axis
+    images = {tag: [e.step for e in events.Images(tag)] for tag in events.Tags()["images"]}
+    assert images["clusters/omega_clients_by_concept"] == [3, 4]
+    assert images["clusters/concept_shares"] == [3, 4] and images["val/per_concept"] == [3]
