@@ -11,7 +11,7 @@ Beyond LightningCLI: ``--model mymodels.MyNet`` finds ``mymodels.py`` in the wor
 ``--data my_data.pt`` (or ``.npz``) builds the FedRC scenario from the file's (x, y) tensors
 (``TensorFileFederated``, flags ``--data.num_clients``, ``--data.image_shape=[1,8,8]``, ...);
 ``--figures=false`` draws no figures. A convolutional model given flat inputs fails before
-training with the option that gives it images.
+training with the option that gives it images (``engine/setup_checks.py``, on every path).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
@@ -31,7 +30,6 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, RoundProgressBar
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.datamodules.datasets.tensor_file import TENSOR_FILE_SUFFIXES
-from lightning_fedcluster.models import FLAT_DATA_FIX
 
 MAIN_JOB_DEFAULTS = {
     "model": {"class_path": "lightning_fedcluster.models.MLPClassifier", "init_args": {"lr": 0.2}},
@@ -131,27 +129,6 @@ def _with_tensor_file_data(args: list[str]) -> list[str]:
     return out
 
 
-def check_images_for_convolutions(model: torch.nn.Module, datamodule: Any) -> None:
-    """Before training: a model with 2-D convolutions that fails on the datamodule's flat rows
-    gets an error naming the options that give it images, instead of a raw conv2d error."""
-    x = getattr(datamodule, "train_x", None)
-    convolutional = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-    if not convolutional or not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[0] == 0:
-        return
-    training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(x[:2])
-    except Exception as error:  # any failure of a conv model on flat rows: the shape is the cause
-        raise ValueError(
-            f"{type(model).__name__} has 2-D convolutions but {type(datamodule).__name__} serves flat "
-            f"inputs {tuple(x.shape)}: {FLAT_DATA_FIX}"
-        ) from error
-    finally:
-        model.train(training)
-
-
 class FedClusterCLI(LightningCLI):
     """LightningCLI whose defaults are the main job and whose ``fit`` ends with a test pass.
 
@@ -224,9 +201,6 @@ class FedClusterCLI(LightningCLI):
         if bars_on and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(RoundProgressBar())
         return super().instantiate_trainer(**{**kwargs, "callbacks": callbacks})
-
-    def before_fit(self) -> None:
-        check_images_for_convolutions(self.model, self.datamodule)
 
     def after_fit(self) -> None:
         trainer = self.trainer

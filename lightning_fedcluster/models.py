@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_fedcluster.engine.setup_checks import FLAT_DATA_FIX
+
 
 def mlp(in_features: int, hidden: Sequence[int], out_features: int) -> nn.Sequential:
     """Linear → ReLU blocks through ``hidden``, then a linear output layer."""
@@ -176,14 +178,6 @@ def image_batch(x: Tensor, model: str) -> Tensor:
             f"{model} needs image inputs [N, C, H, W], got shape {tuple(x.shape)}: " + FLAT_DATA_FIX
         )
     return x
-
-
-FLAT_DATA_FIX = (
-    "give the datamodule image-shaped inputs: DigitsFederated(as_images=True) "
-    "(--data.init_args.as_images=true), or image_shape=[C,H,W] for a tensor file "
-    "(--data.image_shape=[C,H,W]), or x reshaped to [N, C, H, W] in from_tensors"
-)
-"""How to turn flat inputs into images, for the errors a convolutional model meets on flat data."""
 
 
 class LinearRegressor(RegressorSteps):

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 from torch import Tensor
 
 from lightning_fedcluster.datamodules.clients import build_clients
-from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.scenario import build_scenario, rows_as_images
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 Built = TypeVar("Built")
@@ -57,10 +57,16 @@ class ScenarioBuilders(Generic[Built]):
 
         Each client's `test_fraction` of held-out rows is then split into validation
         (`val_share`) and test, and every global client into validation/test x adapt/score
-        (`adapt_fraction`), drawn from `seed` (see the class docstring)."""
+        (`adapt_fraction`), drawn from `seed` (see the class docstring).
+
+        `image_shape=(C, H, W)` serves flat rows [N, C*H*W] as images [N, C, H, W] (for
+        convolutional models; ``fedcluster fit --data FILE --data.image_shape=[C,H,W]`` does the
+        same), and is the shape the corruptions see."""
         check_batch_size(batch_size)
+        if global_test is not None and isinstance(global_test, (tuple, list)) and len(global_test) == 2:
+            global_test = (rows_as_images(global_test[0], image_shape), global_test[1])
         arguments = build_scenario(
-            x,
+            rows_as_images(x, image_shape),
             y,
             num_clients=num_clients,
             concepts=concepts,

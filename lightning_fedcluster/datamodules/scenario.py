@@ -329,6 +329,22 @@ def _corrupt_fractions_arg(value: float | Sequence[float] | None, concepts: int)
     return [fraction_arg("corrupt_fraction", f) for f in value]
 
 
+def rows_as_images(x: Any, image_shape: Any) -> Any:
+    """Flat rows [N, C*H*W] as the images [N, C, H, W] that ``image_shape`` names: what
+    ``from_tensors`` serves, as ``fedcluster fit --data FILE`` does (``as_images``). Anything else
+    is returned unchanged, for ``build_scenario``'s checks to name."""
+    if (
+        not isinstance(x, Tensor)
+        or x.ndim != 2
+        or not isinstance(image_shape, (tuple, list))
+        or len(image_shape) != 3
+        or not all(is_int(d) and d > 0 for d in image_shape)
+        or math.prod(image_shape) != x.shape[1]
+    ):
+        return x
+    return x.reshape(-1, *(int(d) for d in image_shape))
+
+
 def _image_shape_arg(image_shape: Any, x: Tensor, *, needed: bool) -> tuple[int, ...]:
     """Image shape (C, H, W) the corruptions see; required only when a client is corrupted."""
     if image_shape is None:

@@ -14,6 +14,13 @@ from lightning_fedcluster.engine.outputs import LogitsFrom, select_logits
 
 # Rows of the first client the output checks forward.
 SAMPLE_ROWS = 8
+FLAT_DATA_FIX = (
+    "give the datamodule image-shaped inputs: image_shape=(C, H, W) in "
+    "FederatedDataModule.from_tensors, or --data.image_shape=[C,H,W] for a tensor file (both serve "
+    "flat rows as [N, C, H, W] images), DigitsFederated(as_images=True) "
+    "(--data.init_args.as_images=true), or x reshaped to [N, C, H, W]"
+)
+"""How to turn flat inputs into images, for the errors a convolutional model meets on flat data."""
 # A round loss this many times the first round's means the run diverged.
 LOSS_GROWTH_FACTOR = 100.0
 
@@ -49,9 +56,18 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
     name = type(model).__name__
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        raw = model(x[:SAMPLE_ROWS].to(device))
-    model.train(was_training)
+    try:
+        with torch.no_grad():
+            raw = model(x[:SAMPLE_ROWS].to(device))
+    except Exception as error:  # a conv model on flat rows: the shape is the cause, say how to fix it
+        if x.ndim == 2 and any(isinstance(m, nn.Conv2d) for m in model.modules()):
+            raise ValueError(
+                f"{name} has 2-D convolutions but {type(datamodule).__name__} serves flat inputs "
+                f"{tuple(x.shape)}: {FLAT_DATA_FIX}"
+            ) from error
+        raise
+    finally:
+        model.train(was_training)
     try:
         out = select_logits(raw, logits_from, name)
     except (KeyError, IndexError, TypeError, AttributeError) as error:  # from a logits_from callable

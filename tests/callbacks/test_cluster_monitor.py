@@ -110,8 +110,12 @@ def small_digits():
 
 def test_tensorboard_gets_round_metrics_and_cluster_images(small_digits, tmp_path):
     logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
-    trainer = make_trainer(FedRCStrategy(3, clients_per_round=6, local_steps=2), max_epochs=3,
-                           logger=logger, check_val_every_n_epoch=1)
+    trainer = make_trainer(
+        FedRCStrategy(3, clients_per_round=6, local_steps=2),
+        max_epochs=3,
+        logger=logger,
+        check_val_every_n_epoch=1,
+    )
     trainer.fit(MLPClassifier(lr=0.2), datamodule=small_digits)
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
     events.Reload()

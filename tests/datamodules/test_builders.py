@@ -41,3 +41,40 @@ def test_a_class_mixing_in_the_builders_must_say_how_it_is_built(digits) -> None
         NotImplementedError, match="Unbuildable mixes in ScenarioBuilders but does not define"
     ):
         Unbuildable.from_partition(x, y, [np.arange(0, 50)])
+
+
+def test_image_shape_serves_flat_rows_as_images_and_a_cnn_on_flat_rows_stops_before_training(digits) -> None:
+    """One meaning of image_shape, as with ``fedcluster fit --data FILE --data.image_shape``: the
+    flat rows are served as [N, C, H, W] images; without it a convolutional model on the flat rows
+    stops before training with the options that give it images, not a raw conv2d error."""
+    import torch
+    from torch import nn
+
+    from lightning_fedcluster import FedAvgStrategy
+    from lightning_fedcluster.models import MLPClassifier
+    from tests.conftest import make_trainer
+
+    class RawCNN(MLPClassifier):  # a user's CNN with no input check of its own
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.LazyLinear(10))
+
+        def forward(self, x):
+            return self.net(x)
+
+    x, y = digits
+    images = FederatedDataModule.from_tensors(x, y, num_clients=4, image_shape=(1, 8, 8), seed=0)
+    assert images.train_x.shape[1:] == images.global_x.shape[1:] == (1, 8, 8)
+    flat = FederatedDataModule.from_tensors(x, y, num_clients=4, corrupt_fraction=0, seed=0)
+    assert flat.train_x.shape[1:] == (64,)
+    module = RawCNN()
+    lazy = nn.UninitializedParameter
+    weights = [p.detach().clone() for p in module.parameters() if not isinstance(p, lazy)]
+    trainer = make_trainer(FedAvgStrategy(clients_per_round=2, local_steps=1), 1)
+    message = r"RawCNN has 2-D convolutions but FederatedDataModule serves flat inputs \(\d+, 64\): "
+    with pytest.raises(ValueError, match=message + r".*image_shape=\(C, H, W\) in FederatedDataModule"):
+        trainer.fit(module, datamodule=flat)
+    assert trainer.global_step == 0
+    kept = [p for p in module.parameters() if not isinstance(p, lazy)]
+    assert all(torch.equal(a, b) for a, b in zip(weights, kept, strict=True))
+    make_trainer(FedAvgStrategy(clients_per_round=2, local_steps=1), 1).fit(RawCNN(), datamodule=images)

@@ -296,7 +296,7 @@ def test_from_tensors_and_build_scenario_paths(digits_tensors) -> None:
     x, y = digits_tensors
     options = dict(num_clients=8, concepts=3, image_shape=(1, 8, 8), seed=4)
     dm = FederatedDataModule.from_tensors(x, y, **options)
-    arguments = build_scenario(x, y, **options)
+    arguments = build_scenario(x.reshape(-1, 1, 8, 8), y, **options)  # from_tensors serves images
     assert_honest(dm, arguments["client_test"])
     assert dm.num_global_clients == 3
     # the constructor fed by build_scenario, with the same seed, gives the very same splits

@@ -79,7 +79,7 @@ def test_labels_match_the_source_samples(digits) -> None:
         table = label_map(int(dm.metadata.concept[i]), 10)
         xi, yi = dm.train_split(i)
         for row, label in zip(xi, yi, strict=True):
-            assert int(label) == int(table[source[tuple(row.tolist())]])
+            assert int(label) == int(table[source[tuple(row.flatten().tolist())]])
 
 
 def test_corruption_touches_exactly_the_corrupted_clients(digits) -> None:
@@ -104,7 +104,7 @@ def test_global_clients_carry_concept_maps_on_clean_data(digits) -> None:
     dm = build(digits)
     rows = {tuple(row.tolist()): int(label) for row, label in zip(x, y, strict=True)}
     x0, y0 = dm.global_split(0)
-    clean_labels = torch.tensor([rows[tuple(r.tolist())] for r in x0])  # clean: rows found
+    clean_labels = torch.tensor([rows[tuple(r.flatten().tolist())] for r in x0])  # clean: rows found
     assert torch.equal(y0, clean_labels)
     for g in range(3):
         xg, yg = dm.global_split(g)
@@ -316,7 +316,7 @@ def test_authors_scenario_on_digits(digits: tuple[torch.Tensor, torch.Tensor]) -
     for i in range(25):
         table = shifts.label_map(int(meta.concept[i]), 10)
         xi, yi = plain.train_split(i)
-        rows = [int(torch.nonzero((x == row).all(dim=1))[0]) for row in xi[:5]]
+        rows = [int(torch.nonzero((x == row).all(dim=1))[0]) for row in xi[:5].flatten(1)]
         assert torch.equal(yi[:5], table[y[rows]])
         same = torch.equal(dm.train_split(i)[0], xi)
         assert same or corrupted[i]

@@ -35,9 +35,11 @@ def test_digits_keyword_construction_matches_from_tensors(digits) -> None:
         "corrupt_fraction": 0.25,
         "seed": 5,
     }
-    dm = DigitsFederated(**config, batch_size=16)
+    dm = DigitsFederated(**config, batch_size=16, as_images=True)
     x, y = digits
+    # image_shape serves the flat rows as the 8x8 images DigitsFederated(as_images=True) serves
     ref = FederatedDataModule.from_tensors(x, y, image_shape=(1, 8, 8), num_classes=10, **config)
+    assert ref.train_x.shape[1:] == (1, 8, 8)
     assert_same(dm, ref)
     assert dm.batch_size == 16 and dm.metadata.feature_style == ref.metadata.feature_style
     assert type(DigitsFederated.from_tensors(x, y, num_clients=3, corrupt_fraction=0)) is FederatedDataModule
