@@ -33,6 +33,8 @@ class FlowerApps:
         round_timeout: seconds to wait for the nodes each round (run config ``round-timeout``);
             None waits for every node. A node that fails or misses it is dropped and logged.
         min_nodes: nodes to wait for before the first round (run config ``min-nodes``).
+        node_wait: seconds to wait for them (run config ``node-wait``); the server says every few
+            seconds how many are connected, and fails the run, naming both counts, when time is up.
         log_dir: TensorBoard directory of the round metrics (run config ``log-dir``).
         save_path: where the server saves the global models, its client store and the round
             metrics with ``torch.save`` after the last round (run config ``save-path``).
@@ -52,6 +54,7 @@ class FlowerApps:
         num_rounds: int = 1,
         round_timeout: float | None = None,
         min_nodes: int = 1,
+        node_wait: float = 300.0,
         log_dir: str | None = None,
         save_path: str | None = None,
         collect_client_state: bool = False,
@@ -61,6 +64,8 @@ class FlowerApps:
         if eval_every is not None:
             int_arg("eval_every", eval_every, 0)
         check_positive_int("min_nodes", min_nodes)
+        if not node_wait > 0:
+            raise ValueError(f"node_wait must be > 0 seconds, got {node_wait!r}")
         if round_timeout is not None and not round_timeout > 0:
             raise ValueError(f"round_timeout must be > 0 seconds or None, got {round_timeout!r}")
         if not callable(strategy):
@@ -68,7 +73,7 @@ class FlowerApps:
         self.strategy, self.module, self.datamodule = strategy, module, datamodule
         self.num_rounds, self.round_timeout, self.min_nodes = num_rounds, round_timeout, min_nodes
         self.log_dir, self.save_path, self.collect_client_state = log_dir, save_path, collect_client_state
-        self.eval_every = eval_every
+        self.eval_every, self.node_wait = eval_every, node_wait
         self.result: Any = None  # the trained ClusteredModule, once the ServerApp has run here
         self.server: FlowerServer | None = None  # the last run's server (metrics, round times)
 
@@ -90,6 +95,7 @@ class FlowerApps:
             int(config.get("num-server-rounds", self.num_rounds)),
             round_timeout=None if timeout in (None, 0) else float(timeout),
             min_nodes=int(config.get("min-nodes", self.min_nodes)),
+            node_wait=float(config.get("node-wait", self.node_wait)),
             log_dir=config.get("log-dir", self.log_dir) or None,
             collect_client_state=self.collect_client_state,
             save_path=config.get("save-path", self.save_path) or None,

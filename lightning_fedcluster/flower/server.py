@@ -8,12 +8,14 @@ clients the K global models, the alive clusters, log C_{y,k}, the round's schedu
 store entries the server owns, sums the nodes' float64 updates and reports into the round, and
 asks the nodes for estimation (FedSoft) and validation passes. A node that fails or does not
 answer within ``round_timeout`` is dropped from the round's aggregation (logged) and not asked
-again.
+again. Log lines name rounds 1-based, as the progress lines do ("round 3/10").
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,17 +105,30 @@ class FlowerServer:
         self.pushed: set[str] = set()
 
     # -- setup ---------------------------------------------------------------------------------
-    def wait_for_nodes(self, grid: Grid) -> list[int]:
+    def wait_for_nodes(self, grid: Grid, every: float = 5.0) -> list[int]:
+        """The connected nodes once ``min_nodes`` are; while fewer are, a line every ``every``
+        seconds (and whenever the count changes) says how many and how long is left."""
         deadline = time.monotonic() + self.node_wait
+        said: tuple[int, float] | None = None
         while True:
             nodes = sorted(grid.get_node_ids())
             if len(nodes) >= self.min_nodes:
                 return nodes
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left < 0:
                 raise TimeoutError(
-                    f"{len(nodes)} Flower node(s) connected within {self.node_wait:.0f} s, fewer than "
-                    f"min_nodes={self.min_nodes}: start more SuperNodes or lower min-nodes"
+                    f"{len(nodes)} of min_nodes={self.min_nodes} Flower nodes connected within "
+                    f"{self.node_wait:g} s (run config node-wait): start the missing SuperNodes or "
+                    "lower min-nodes"
                 )
+            if said is None or said[0] != len(nodes) or said[1] - left >= every:
+                log.info(
+                    "%d of %d nodes connected, waiting (%d s left)",
+                    len(nodes),
+                    self.min_nodes,
+                    math.ceil(left),
+                )
+                said = (len(nodes), left)
             time.sleep(0.2)
 
     def describe(self, grid: Grid, nodes: list[int]) -> Federation:
@@ -157,14 +172,24 @@ class FlowerServer:
         do the clients' work); returns the module with the trained global models and the server's
         client store (plus the nodes' stores with ``collect_client_state``)."""
         console_logging()
-        if not is_deployment(grid):
-            return self.rounds(grid)
-        import importlib
+        if self.save_path and os.path.exists(self.save_path):
+            log.warning(
+                "save-path %s exists (an earlier run's); this run overwrites it after its last round: "
+                "give each run its own save-path to keep both",
+                self.save_path,
+            )
+        try:
+            if not is_deployment(grid):
+                return self.rounds(grid)
+            import importlib
 
-        from lightning_fedcluster.flower.pacing import quick_pulls
+            from lightning_fedcluster.flower.pacing import quick_pulls
 
-        with quick_pulls(importlib.import_module("flwr.superlink.grid.http_grid")):
-            return self.rounds(grid)
+            with quick_pulls(importlib.import_module("flwr.superlink.grid.http_grid")):
+                return self.rounds(grid)
+        except Exception as error:  # the last line of the stream; Flower puts it in the run's status
+            log.error("run failed: %s: %s", type(error).__name__, error)
+            raise
 
     def rounds(self, grid: Grid) -> Any:
         module, strategy, plan = self.module, self.strategy, self.plan
@@ -241,7 +266,10 @@ class FlowerServer:
             if reply.has_error():
                 federation.lost.add(node)
                 log.warning(
-                    "round %d: node %d failed its estimation pass (%s)", round_index, node, node_error(reply)
+                    "round %d: node %d failed its estimation pass (%s)",
+                    round_index + 1,
+                    node,
+                    node_error(reply),
                 )
                 continue
             found = records.unpack(reply.content)["estimates"]
@@ -252,7 +280,7 @@ class FlowerServer:
             estimates[missing] = uniform
             log.warning(
                 "round %d: no estimate for clients %s (their node is lost); they get uniform estimates",
-                round_index, missing.nonzero().flatten().tolist(),
+                round_index + 1, missing.nonzero().flatten().tolist(),
             )  # fmt: skip
         return estimates
 
@@ -334,7 +362,7 @@ class FlowerServer:
             self.dropped.setdefault(round_state.round_index, []).extend(clients)
             log.warning(
                 "round %d: node %d (partition %d) was lost earlier; its clients %s are left out",
-                round_state.round_index, node, federation.partition[node], clients,
+                round_state.round_index + 1, node, federation.partition[node], clients,
             )  # fmt: skip
         models = self.models_record((round_state.global_clusters, round_state.global_shared))
         messages = [
@@ -363,7 +391,7 @@ class FlowerServer:
         log.warning(
             "round %d: node %d (partition %d) failed (%s); its clients %s are dropped from this round's "
             "aggregation",
-            round_index, node, federation.partition[node], reason, clients,
+            round_index + 1, node, federation.partition[node], reason, clients,
         )  # fmt: skip
 
     def collect(self, grid: Grid, federation: Federation, state: ClientState, offsets: Tensor) -> None:

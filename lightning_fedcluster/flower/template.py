@@ -50,6 +50,7 @@ clientapp = "fedcluster_app:client"
 [tool.flwr.app.config]
 num-server-rounds = 20
 min-nodes = 2          # SuperNodes to wait for: one per partition
+node-wait = 300        # seconds to wait for them before the run fails (saying how many came)
 round-timeout = 300    # seconds to wait for a node each round (0: wait for every node)
 eval-every = 10        # the nodes' validation pass every this many rounds and after the last
 log-dir = ""           # TensorBoard directory on the SuperLink's machine ("" : none)

@@ -62,3 +62,24 @@ def test_the_readmes_api_example_is_the_one_getting_started_runs():
     assert readme_example.skip
     started = [b.code for b in blocks(ROOT / "docs" / "getting-started.md") if b.runs]
     assert readme_example.code in started
+
+
+# Characters of a code line that a code block shows at 1280 px without scrolling (Material's
+# 61rem grid at 20 px/rem less both sidebars and margins: ~656 px of 13.6 px Roboto Mono, 80
+# characters), less a list's indentation.
+VISIBLE_CODE_CHARACTERS = 76
+
+
+def test_the_flower_pages_code_fits_the_page_and_long_lines_wrap():
+    page = ROOT / "docs" / "how-to" / "flower.md"
+    long = [
+        f"{name(page)}:{block.line + i}: {len(line)} characters"
+        for block in blocks(page)
+        for i, line in enumerate(block.code.split("\n"))
+        if len(block.indent) + len(line) > VISIBLE_CODE_CHARACTERS
+    ]
+    assert not long, "wrap these lines (a shell command with \\ continuations): " + "; ".join(long)
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert "extra_css:\n  - stylesheets/extra.css" in config
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
+    assert ".md-typeset pre > code {\n  white-space: pre-wrap;" in css  # any page's long line wraps

@@ -13,7 +13,9 @@ tests/flower/test_docs_deployment.py runs."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -81,6 +83,7 @@ clientapp = "fedcluster_app:client"
 [tool.flwr.app.config]
 num-server-rounds = 3
 min-nodes = 2
+node-wait = 300
 round-timeout = 0
 save-path = ""
 eval-every = 0
@@ -225,3 +228,23 @@ def test_a_supernode_killed_mid_round_is_dropped_and_the_run_completes(deploymen
     first = min(result["dropped"])
     assert result["metrics"][first]["train/clients"] < 4, "the killed node's clients left the round"
     assert all(bool(torch.isfinite(t).all()) for t in result["state_dict"].values())
+
+
+def test_a_run_short_of_nodes_says_so_while_waiting_and_in_its_status(deployment):
+    """Fewer SuperNodes connected than asked for (two, or one after the test above killed one):
+    the stream shows the server waiting, and the run ends failed with the reason in its status
+    (``flwr run`` itself exits 0: it only submits the run and follows its log)."""
+    result = deployment.run("min-nodes=3 node-wait=3 num-server-rounds=1")
+    output = result.stdout + result.stderr
+    waiting = re.search(r"fedcluster: ([12]) of 3 nodes connected, waiting \(3 s left\)", output)
+    assert waiting, output[-3000:] + deployment.logs()
+    reason = f"{waiting.group(1)} of min_nodes=3 Flower nodes connected within 3 s (run config node-wait)"
+    assert f"fedcluster: run failed: TimeoutError: {reason}" in output
+    run_id = re.search(r"Successfully started run (\d+)", output).group(1)
+    listed = subprocess.run(
+        [command("flwr"), "ls", "localhost", "--run-id", run_id, "--format", "json"],
+        env=deployment.env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (run,) = json.loads(listed.stdout)["runs"]
+    assert run["status"] == "finished:failed", run
+    assert reason in run["status-details"], run

@@ -43,6 +43,9 @@ def test_a_node_that_disconnects_mid_run_is_dropped_and_logged(task_identity, ca
     reason = "failed (no reply" if fault == "silent" else "failed (node unavailable)"
     assert caplog.text.count(reason) == 1 and caplog.text.count("failed (") == 1
     assert "dropped from this round's aggregation" in caplog.text and "left out" in caplog.text
+    # Rounds are named 1-based, as the progress lines ("round 2/3") do: node B failed the second.
+    assert f"round 2: node {NODE_B} (partition 1) failed (" in caplog.text
+    assert f"round 3: node {NODE_B} (partition 1) was lost earlier" in caplog.text
     assert module.round_metrics["train/clients"] == len(schedule.clients(2)) - len(b_clients[2])
     assert all(bool(torch.isfinite(t).all()) for t in module.state_dict().values())
     seen = module.client_state.seen
@@ -150,3 +153,26 @@ def test_importing_without_flower_names_the_extra(monkeypatch):
 def test_eval_every_rejects_what_is_not_a_round_count(value):
     with pytest.raises(ValueError, match="eval_every must be an integer >= 0"):
         fedavg_apps(eval_every=value)
+
+
+def test_the_server_says_while_it_waits_for_nodes_and_why_the_run_fails(task_identity, caplog):
+    """One of three nodes missing: a line while waiting, then a TimeoutError naming both counts
+    (Flower puts the exception's text in the run's status) and a last "run failed" line."""
+    apps = fedavg_apps(num_rounds=1, min_nodes=3, node_wait=1.5)
+    with caplog.at_level(logging.INFO, logger="lightning_fedcluster.flower"):
+        with pytest.raises(TimeoutError, match=r"2 of min_nodes=3 Flower nodes connected within 1.5 s "
+                           r"\(run config node-wait\): start the missing SuperNodes"):  # fmt: skip
+            run_local(apps, partitions(2))
+    assert "2 of 3 nodes connected, waiting (2 s left)" in caplog.text
+    assert caplog.records[-1].levelname == "ERROR" and "run failed: TimeoutError: 2 of" in caplog.text
+    with pytest.raises(ValueError, match="node_wait must be > 0 seconds"):
+        fedavg_apps(node_wait=0)
+
+
+def test_a_run_says_it_overwrites_an_earlier_runs_save_path(task_identity, caplog, tmp_path):
+    saved = tmp_path / "run.pt"
+    run_local(fedavg_apps(num_rounds=1, save_path=str(saved)), partitions(2))
+    assert saved.exists() and "overwrites" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="lightning_fedcluster.flower"):
+        run_local(fedavg_apps(num_rounds=1, save_path=str(saved)), partitions(2))
+    assert f"save-path {saved} exists (an earlier run's); this run overwrites it" in caplog.text
