@@ -30,6 +30,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, RoundProgressBar
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.datamodules.datasets.tensor_file import TENSOR_FILE_SUFFIXES
+from lightning_fedcluster.strategies import check_strategy_name
 
 MAIN_JOB_DEFAULTS = {
     "model": {"class_path": "lightning_fedcluster.models.MLPClassifier", "init_args": {"lr": 0.2}},
@@ -186,6 +187,7 @@ class FedClusterCLI(LightningCLI):
         own (or turns progress bars off)."""
         subcommand = self.config_init[self.subcommand] if self.subcommand else self.config_init
         config = subcommand["trainer"]
+        check_strategy_name(config.get("strategy"))
         given = config.get("callbacks") or []
         callbacks = list(given) if isinstance(given, list) else [given]
         figures = subcommand.get("figures", True)

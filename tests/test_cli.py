@@ -29,8 +29,15 @@ ROOT = Path(__file__).parent.parent
 
 
 def test_fit_prints_the_results_table_and_writes_tensorboard_logs(tmp_path, capsys):
-    cli = run_cli(["fit", "--trainer.max_epochs=3", f"--trainer.default_root_dir={tmp_path}",
-                   "--trainer.enable_progress_bar=false", "--data.init_args.num_clients=10"])
+    cli = run_cli(
+        [
+            "fit",
+            "--trainer.max_epochs=3",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+            "--data.init_args.num_clients=10",
+        ]
+    )
     out = capsys.readouterr().out
     for row in ("local accuracy", "global accuracy", "concept ARI", "TensorBoard logs:"):
         assert row in out
@@ -44,9 +51,17 @@ def test_fit_prints_the_results_table_and_writes_tensorboard_logs(tmp_path, caps
 
 def test_a_configured_data_summary_is_not_doubled_and_the_round_bar_is_the_default(tmp_path):
     summary = "--trainer.callbacks+=lightning_fedcluster.callbacks.DataSummary"
-    cli = run_cli(["fit", "--trainer.logger=false", summary, "--trainer.callbacks.print_table=true",
-                   "--trainer.max_epochs=1", "--data.init_args.num_clients=10",
-                   f"--trainer.default_root_dir={tmp_path}"])
+    cli = run_cli(
+        [
+            "fit",
+            "--trainer.logger=false",
+            summary,
+            "--trainer.callbacks.print_table=true",
+            "--trainer.max_epochs=1",
+            "--data.init_args.num_clients=10",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
     summaries = [c for c in cli.trainer.callbacks if isinstance(c, DataSummary)]
     assert len(summaries) == 1 and summaries[0].print_table
     assert [type(c) for c in cli.trainer.callbacks if isinstance(c, ProgressBar)] == [RoundProgressBar]
@@ -54,8 +69,14 @@ def test_a_configured_data_summary_is_not_doubled_and_the_round_bar_is_the_defau
 
 def test_console_script_exits_zero_and_help_lists_the_strategy(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "lightning_fedcluster.cli", "fit", "--print_config"],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_fedcluster.cli", "fit", "--print_config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "lightning_fedcluster.FedRCStrategy" in done.stdout
     assert "DigitsFederated" in done.stdout
@@ -85,17 +106,21 @@ def own_arguments(model: LightningModule) -> dict:
 
 def small(root: Path) -> list[str]:
     """One round of 10 clients, no progress bar, everything written under ``root``."""
-    return ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false",
-            "--data.init_args.num_clients=10", f"--trainer.default_root_dir={root}"]
+    return [
+        "--trainer.max_epochs=1",
+        "--trainer.enable_progress_bar=false",
+        "--data.init_args.num_clients=10",
+        f"--trainer.default_root_dir={root}",
+    ]
 
 
 def test_a_user_model_starts_from_its_own_defaults(tmp_path):
-    cli = run_cli(["fit", "--model", "tests.test_cli.TinyNet",
-                   *small(tmp_path)])
+    cli = run_cli(["fit", "--model", "tests.test_cli.TinyNet", *small(tmp_path)])
     assert type(cli.model) is TinyNet
     assert own_arguments(cli.model) == {"hidden": 7, "lr": 0.05, "dropout": 0.0}  # not hidden=[128], lr=0.2
-    cli = run_cli(["fit", "--model", "TinyNet", "--model.lr", "0.2", "--trainer.logger=false",
-                   *small(tmp_path)])
+    cli = run_cli(
+        ["fit", "--model", "TinyNet", "--model.lr", "0.2", "--trainer.logger=false", *small(tmp_path)]
+    )
     assert own_arguments(cli.model) == {"hidden": 7, "lr": 0.2, "dropout": 0.0}  # an explicit value is kept
 
 
@@ -140,8 +165,14 @@ def test_print_config_lists_no_ddp_wrapper_arguments(capsys):
 
 
 def test_fast_dev_run_is_one_round_with_real_validation_and_test_numbers(tmp_path, capsys):
-    cli = run_cli(["fit", "--trainer.fast_dev_run=true", "--data.init_args.num_clients=10",
-                   f"--trainer.default_root_dir={tmp_path}"])
+    cli = run_cli(
+        [
+            "fit",
+            "--trainer.fast_dev_run=true",
+            "--data.init_args.num_clients=10",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
     metrics = cli.trainer.callback_metrics
     assert cli.trainer.current_epoch == 1
     # every unseen client is scored (a test pass cut after one item scored none of them: 0.0)
@@ -284,8 +315,12 @@ def test_a_file_with_a_test_set_gives_the_global_clients(tmp_path: Path) -> None
 def test_bad_tensor_files_are_named_with_the_fix(tmp_path: Path) -> None:
     x, y = load_digits_tensors()
     torch.save({"inputs": x, "y": y}, tmp_path / "keys.pt")
-    with pytest.raises(ValueError, match=r"needs tensors 'x' and 'y'"):
+    with pytest.raises(ValueError, match=r"needs tensors 'x' and 'y'.*holds \['inputs', 'y'\]"):
         TensorFileFederated(str(tmp_path / "keys.pt"))
+    np.savez(tmp_path / "keys.npz", X=x.numpy(), labels=y.numpy())  # the keys are listed, not []
+    with pytest.raises(ValueError, match=r"holds \['X', 'labels'\]: save the inputs as 'x' and the labels "
+                       r"as 'y' \(numpy.savez\(path, x=..., y=...\)\)"):  # fmt: skip
+        TensorFileFederated(str(tmp_path / "keys.npz"))
     torch.save({"x": x, "y": y}, tmp_path / "ok.pt")
     with pytest.raises(ValueError, match=r"image_shape=\[1, 8, 7\] does not fit x"):
         TensorFileFederated(str(tmp_path / "ok.pt"), image_shape=(1, 8, 7))
@@ -321,3 +356,11 @@ def test_figures_false_logs_scalars_and_no_images(tmp_path: Path) -> None:
     events.Reload()
     assert events.Tags()["images"] == []
     assert "train/loss" in events.Tags()["scalars"]
+
+
+def test_an_unknown_strategy_name_is_refused_suggesting_the_registered_ones(tmp_path: Path) -> None:
+    """Lightning's own error for ``strategy="fedrcc"`` lists its DDP-style choices."""
+    message = r"strategy='fedrcc' is not a registered strategy: did you mean 'fedrc'"
+    with pytest.raises(ValueError, match=message + r".*lightning-fedcluster's are fedrc, fedem, .*fedprox"):
+        run_cli(["fit", "--trainer.strategy", "fedrcc", "--trainer.max_epochs=1", "--trainer.logger=false",
+                 f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip

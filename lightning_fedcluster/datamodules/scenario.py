@@ -283,9 +283,31 @@ def _check_tensors(x: Any, y: Any, name: str = "") -> tuple[Tensor, Tensor]:
     """Check labelled inputs; `name` prefixes the messages (e.g. "global_test")."""
     where = f"{name} " if name else ""
     if not isinstance(x, Tensor) or not isinstance(y, Tensor):
-        raise TypeError(f"{where}x and y must be torch tensors, got ({type(x).__name__}, {type(y).__name__})")
+        kinds = getattr(getattr(y, "dtype", None), "kind", "")  # a numpy array's: U/S strings, O objects
+        if kinds in ("U", "S", "O"):
+            raise TypeError(
+                f"{where}y holds {y.dtype} labels (strings or objects), but labels must be integer-encoded "
+                "class indices 0..C-1: classes, codes = numpy.unique(y, return_inverse=True), then pass "
+                "torch.from_numpy(codes) (classes[i] names class i)"
+            )
+        numpy = (
+            " (numpy arrays: torch.from_numpy(a))"
+            if hasattr(x, "__array__") or hasattr(y, "__array__")
+            else ""
+        )
+        raise TypeError(
+            f"{where}x and y must be torch tensors, got ({type(x).__name__}, {type(y).__name__}){numpy}"
+        )
     if not x.is_floating_point():
         raise TypeError(f"{where}x must be floating point, got {x.dtype}; use x.float() (scaled to [0, 1])")
+    if y.is_floating_point() and y.numel() and not bool(torch.equal(y, y.round())):
+        raise TypeError(
+            f"{where}y holds non-integer {y.dtype} values: regression targets? from_tensors builds the "
+            "classification scenario (its concepts permute class labels) and y.long() would truncate them. "
+            "For regression build the clients with FederatedDataModule.from_partition(x, y, parts) (float "
+            "targets make a regression task) and train with a strategy other than FedRC, e.g. "
+            "FedEMStrategy, and a model that predicts y (docs: algorithms, Regression)"
+        )
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise TypeError(f"{where}y must hold integer class indices, got {y.dtype}; use y.long()")
     if x.ndim < 2:

@@ -217,3 +217,27 @@ class CheckpointHooks:
         if differences:
             rank_zero_warn(f"resuming {name} with a changed configuration: " + "; ".join(differences))
         self.client_state.load_state_dict(state)
+
+
+def resume_hint(trainer: Any) -> str:
+    """What to do after Ctrl-C stopped a fit: the last round-boundary checkpoint of the trainer's
+    ModelCheckpoint callbacks and how to resume from it (``--ckpt_path`` / ``ckpt_path=``)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    saved = [
+        c.last_model_path or c.best_model_path for c in trainer.callbacks if isinstance(c, ModelCheckpoint)
+    ]
+    path = next((p for p in saved if p), None)
+    module = trainer.lightning_module
+    where = f"training stopped in round {trainer.current_epoch + 1} of {trainer.max_epochs}"
+    if path is None:
+        return (
+            f"{where} ({getattr(module, 'rounds_trained', 0)} rounds done) and no checkpoint was saved "
+            "(checkpointing is off, or no round had ended): nothing to resume from; a ModelCheckpoint "
+            "(on by default) saves one at every round end"
+        )
+    return (
+        f"{where}. To resume from the last round-boundary checkpoint, {path}: fedcluster fit <the same "
+        f"arguments> --ckpt_path {path} (Python: trainer.fit(module, datamodule=dm, ckpt_path={path!r})); "
+        "the resumed run trains the same weights as an uninterrupted one"
+    )

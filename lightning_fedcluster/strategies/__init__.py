@@ -1,5 +1,8 @@
 """Federated strategies: one thin subclass of FederatedStrategy per algorithm, registered by name."""
 
+import difflib
+from typing import Any
+
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_fedcluster.strategies.cfl import CFLStrategy
@@ -27,6 +30,22 @@ for _name, (_cls, _description) in _REGISTRY.items():
     if _name not in StrategyRegistry:
         StrategyRegistry.register(_name, _cls, description=_description)
 
+
+
+def check_strategy_name(strategy: Any) -> None:
+    """A strategy given by name must be registered; an unknown name is refused suggesting the
+    library's names (Lightning's own error lists only its DDP-style choices)."""
+    if not isinstance(strategy, str) or strategy.lower() == "auto" or strategy.lower() in StrategyRegistry:
+        return
+    close = difflib.get_close_matches(strategy.lower(), list(_REGISTRY), n=2, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    raise ValueError(
+        f"strategy={strategy!r} is not a registered strategy: {hint}lightning-fedcluster's are "
+        f"{', '.join(_REGISTRY)} (e.g. --trainer.strategy fedrc, or a class: --trainer.strategy "
+        "FedRCStrategy --trainer.strategy.num_clusters 3)"
+    )
+
+
 __all__ = [
     "CFLStrategy",
     "DFedEMStrategy",
@@ -39,4 +58,5 @@ __all__ = [
     "FederatedStrategy",
     "IFCAStrategy",
     "WeCFLStrategy",
+    "check_strategy_name",
 ]

@@ -22,10 +22,12 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.arguments import check_positive_int
+from lightning_fedcluster.engine.checkpoint import resume_hint
 from lightning_fedcluster.engine.optimizer_state import check_optimizer_state
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import TrainingPlan
@@ -371,6 +373,15 @@ class FederatedStrategy(DDPStrategy):
         if dist.is_available() and dist.is_initialized() and not _teardown_registered:
             atexit.register(_destroy_process_group)
             _teardown_registered = True
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Ctrl-C (KeyboardInterrupt) during a fit: say how to resume (``engine/checkpoint.py``)."""
+        super().on_exception(exception)
+        module = self.lightning_module
+        if isinstance(exception, KeyboardInterrupt) and module is not None:
+            trainer = module.trainer  # attached: the interrupt came through one of its entry points
+            if trainer.state.fn == TrainerFn.FITTING:
+                rank_zero_info(resume_hint(trainer))
 
     def setup(self, trainer: pl.Trainer) -> None:
         """DDPStrategy's setup; with one process and no group, evaluation skips its cross-process

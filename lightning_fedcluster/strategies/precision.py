@@ -10,7 +10,8 @@
   (``engine/executors/select.py``): ``vmap`` applies no autocast to its no-grad E-step pass.
 - "16-mixed" needs a gradient scaler, which the engine's update steps do not apply; the "true"
   half and double precisions would convert the weights that the engine averages and stores in
-  float32. They are refused before anything runs.
+  float32. They are refused before anything runs. On a CPU, Lightning's Trainer itself replaces
+  "16-mixed" by "bf16-mixed" (with its warning), which trains.
 """
 
 from __future__ import annotations

@@ -335,3 +335,21 @@ def test_authors_preset_rejects_what_it_fixes(digits: tuple[torch.Tensor, torch.
         build_scenario(x, y, concepts=3, dirichlet_alpha=None, **common)
     with pytest.raises(ValueError, match="preset must be None or 'authors'"):
         build_scenario(x, y, concepts=3, num_clients=20, preset="paper")
+
+
+def test_labels_that_are_not_class_indices_get_the_fix(digits) -> None:
+    x, y = digits
+    names = np.array(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
+    with pytest.raises(TypeError, match=r"y holds <U5 labels \(strings or objects\), but labels must be "
+                       r"integer-encoded class indices 0..C-1: classes, codes = numpy.unique"):  # fmt: skip
+        FederatedDataModule.from_tensors(x, names[y.numpy()], num_clients=4)
+    with pytest.raises(TypeError, match=r"got \(Tensor, ndarray\) \(numpy arrays: torch.from_numpy"):
+        FederatedDataModule.from_tensors(x, y.numpy(), num_clients=4)
+    # Regression targets: y.long() would truncate them; regression is another path.
+    with pytest.raises(TypeError, match=r"non-integer torch.float32 values: regression targets\? .*would "
+                       r"truncate them.*from_partition.*FedEMStrategy"):  # fmt: skip
+        FederatedDataModule.from_tensors(x, y.float() + 0.5, num_clients=4, corrupt_fraction=0)
+    with pytest.raises(
+        TypeError, match=r"y must hold integer class indices, got torch.float32; use y.long\(\)"
+    ):
+        FederatedDataModule.from_tensors(x, y.float(), num_clients=4, corrupt_fraction=0)

@@ -48,3 +48,29 @@ def test_validation_and_test_use_their_own_rows_and_unseen_clients_never_score_a
             assert (2 + 2 * g, int(score_offsets[g + 1] - score_offsets[g])) in scored
     # Validation and test rows differ (disjointness of the rows themselves is a datamodule test).
     assert dm.evaluation_split("val", "local")[2][-1] > 0 and dm.evaluation_split("test", "local")[2][-1] > 0
+
+
+def test_testing_untrained_models_warns_and_trained_ones_do_not():
+    """trainer.test before fit, or after a fit of max_epochs=0, scores the initial weights: a
+    warning says so; after one round there is none. The test scores' step is the rounds trained."""
+    import warnings
+
+    import pytest
+
+    dm = DigitsFederated(num_clients=6, concepts=2, seed=0)
+    strategy = lf.FedAvgStrategy(clients_per_round=3, local_steps=1)
+    untrained = r"testing models that no client has trained yet \(trainer.test before trainer.fit, or a fit"
+    with pytest.warns(UserWarning, match=untrained):
+        scores = make_trainer(strategy, 1).test(lf.ClusteredModule(MLPClassifier()), datamodule=dm)[0]
+    assert scores["step"] == 0.0
+    trainer = make_trainer(lf.FedAvgStrategy(clients_per_round=3, local_steps=1), 0)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    with pytest.warns(UserWarning, match=untrained):
+        trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)
+    trainer = make_trainer(lf.FedAvgStrategy(clients_per_round=3, local_steps=1), 1)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scores = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]
+    assert not [w for w in caught if "no client has trained" in str(w.message)]
+    assert scores["step"] == 1.0

@@ -122,3 +122,20 @@ def test_bf16_mixed_runs_on_the_loop_executor_and_not_on_flower():
     strategy = small_strategy(precision_plugin=MixedPrecision("bf16-mixed", "cpu"))
     assert "precision='bf16-mixed'" in unsupported_reason(strategy)
     assert unsupported_reason(small_strategy()) is None
+
+
+def test_16_mixed_on_a_cpu_trains_as_bf16_mixed_with_lightnings_warning_as_the_docs_say():
+    """Lightning's Trainer turns "16-mixed" on a CPU into "bf16-mixed" (warning), which the engine
+    trains; docs/how-to/monitoring.md says so rather than that it is refused."""
+    from tests.docs.markdown_blocks import ROOT
+
+    with pytest.warns(
+        UserWarning, match=r"AMP with fp16 is not supported on CPU\. Using `precision='bf16-mixed'`"
+    ):
+        trainer = make_trainer(small_strategy(), 1, precision="16-mixed")
+    assert trainer.precision == "bf16-mixed"
+    trainer.fit(MLPClassifier(), datamodule=small_datamodule())
+    assert trainer.lightning_module.rounds_trained == 1
+    page = " ".join((ROOT / "docs" / "how-to" / "monitoring.md").read_text().split())
+    assert '"16-mixed" on a CPU is what Lightning itself turns into "bf16-mixed"' in page
+    assert '"16-mixed" on a GPU' in page

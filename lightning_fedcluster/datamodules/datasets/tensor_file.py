@@ -125,7 +125,8 @@ def load_tensor_file(path: str | Path) -> dict[str, Tensor]:
         raise FileNotFoundError(f"path={str(path)!r}: no such file")
     if path.suffix.lower() == ".npz":
         with np.load(path, allow_pickle=False) as arrays:
-            stored: dict[str, Any] = {k: torch.from_numpy(arrays[k]) for k in arrays.files if k in KEYS}
+            found = list(arrays.files)
+            stored: dict[str, Any] = {k: torch.from_numpy(arrays[k]) for k in found if k in KEYS}
     else:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(loaded, (tuple, list)) and len(loaded) == 2:
@@ -135,12 +136,16 @@ def load_tensor_file(path: str | Path) -> dict[str, Tensor]:
                 f"{path}: a .pt file must hold a dict with keys 'x' and 'y' or an (x, y) pair, got "
                 f"{type(loaded).__name__}; save it with torch.save({{'x': x, 'y': y}}, path)"
             )
+        found = [str(k) for k in loaded]
         stored = {k: v for k, v in loaded.items() if k in KEYS}
     missing = [k for k in ("x", "y") if k not in stored]
     if missing or (("x_test" in stored) != ("y_test" in stored)):
+        save = "numpy.savez(path, x=..., y=...)" if path.suffix.lower() == ".npz" else "torch.save"
         raise ValueError(
-            f"{path}: needs tensors 'x' and 'y' (and optionally both 'x_test' and 'y_test'); found "
-            f"{sorted(stored)}"
+            f"{path}: needs tensors 'x' and 'y' (and optionally both 'x_test' and 'y_test'), but the file "
+            f"holds {sorted(found)}: save the inputs as 'x' and the labels as 'y' ({save}"
+            + ("({'x': ..., 'y': ...}, path)" if save == "torch.save" else "")
+            + ")"
         )
     for key, value in stored.items():
         if not isinstance(value, Tensor):
