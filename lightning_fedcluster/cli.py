@@ -64,6 +64,10 @@ FIGURES_HELP = (
     "TensorBoard at validation rounds; false: scalars only."
 )
 
+ONE_CONCEPT = (
+    "(undefined: the clients share one concept, so there is no grouping to recover; "
+    "--data.concepts 3 builds the FedRC scenario with three)"
+)
 RESULT_ROWS = (
     ("local accuracy", "test/local_acc"),
     ("global accuracy", "test/global_acc"),
@@ -86,6 +90,9 @@ def results_table(metrics: dict[str, float], locations: list[str]) -> str:
     lines = ["", f"{'metric':<18}{'value':>8}", "-" * 26]
     for label, key in RESULT_ROWS:
         value = metrics.get(key, math.nan)
+        if key == "test/concept_ari" and math.isnan(value):
+            lines.append(f"{label:<18}{'n/a':>8}   {ONE_CONCEPT}")
+            continue
         lines.append(f"{label:<18}{value:>8.3f}")
     concept_rows = sorted(k for k in metrics if k.startswith("test/global_acc_concept"))
     for key in concept_rows:

@@ -364,3 +364,20 @@ def test_an_unknown_strategy_name_is_refused_suggesting_the_registered_ones(tmp_
     with pytest.raises(ValueError, match=message + r".*lightning-fedcluster's are fedrc, fedem, .*fedprox"):
         run_cli(["fit", "--trainer.strategy", "fedrcc", "--trainer.max_epochs=1", "--trainer.logger=false",
                  f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+
+
+def test_the_results_table_says_why_the_concept_ari_of_one_concept_is_undefined(tmp_path, capsys) -> None:
+    """``--data FILE`` builds one concept by default: the table says n/a and why, not 0.000."""
+    from lightning_fedcluster.cli import results_table
+
+    table = results_table(
+        {"test/local_acc": 0.5, "test/global_acc": 0.4, "test/concept_ari": float("nan")}, []
+    )
+    assert "concept ARI            n/a   (undefined: the clients share one concept" in table
+    assert "--data.concepts 3 builds the FedRC scenario" in table
+    x, y = load_digits_tensors()
+    torch.save({"x": x, "y": y}, tmp_path / "mine.pt")
+    run_cli(["fit", f"--data={tmp_path / 'mine.pt'}", "--data.num_clients=12", "--data.corrupt_fraction=0",
+             "--trainer.max_epochs=1", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+             f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert "concept ARI            n/a   (undefined" in capsys.readouterr().out

@@ -10,9 +10,11 @@ from torch import Tensor
 def concept_ari(omega: Tensor, concept: Tensor, seen: Tensor | None = None) -> float:
     """Adjusted Rand index between each client's cluster (argmax_k ω) and its true concept, over
     the clients that have taken part (``seen``). 1 = clusters are exactly the concepts; about 0 =
-    unrelated. NaN when fewer than two clients have been seen."""
+    unrelated. NaN when fewer than two clients have been seen, or when they all have one concept:
+    the index then compares a clustering with a single group, which scores 0 or 1 by convention and
+    says nothing (e.g. ``fedcluster fit --data FILE`` with its default ``concepts=1``)."""
     mask = torch.ones(omega.shape[0], dtype=torch.bool) if seen is None else seen.cpu()
-    if int(mask.sum()) < 2:
+    if int(mask.sum()) < 2 or int(concept.cpu()[mask].unique().numel()) < 2:
         return float("nan")
     assigned = omega.cpu()[mask].argmax(dim=1).numpy()
     return float(adjusted_rand_score(concept.cpu()[mask].numpy(), assigned))

@@ -64,3 +64,12 @@ def test_concept_shares_by_hand() -> None:
     assert padded.shape == (3, 2)
     assert_close(padded[:2], expected, rtol=1e-7, atol=1e-7)
     assert torch.equal(padded[2], torch.zeros(2, dtype=torch.float64))
+
+
+def test_concept_ari_is_undefined_with_one_concept() -> None:
+    """One true concept: every clustering scores 0 (or 1 if it has one group), which means nothing."""
+    omega = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]], dtype=torch.float64)
+    assert math.isnan(concept_ari(omega, torch.zeros(3, dtype=torch.long)))
+    concept = torch.tensor([0, 0, 1])  # two concepts, but the seen clients hold only concept 0
+    assert math.isnan(concept_ari(omega, concept, seen=torch.tensor([True, True, False])))
+    assert not math.isnan(concept_ari(omega, concept))
