@@ -58,5 +58,4 @@ __all__ = [
     "FederatedStrategy",
     "IFCAStrategy",
     "WeCFLStrategy",
-    "check_strategy_name",
 ]

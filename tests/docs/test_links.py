@@ -23,3 +23,27 @@ def test_every_docs_page_the_readme_names_is_in_the_site():
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in re.findall(r"\]\(docs/([^)#\s]+\.md)", README.read_text()):
         assert f": {page}" in nav, f"docs/{page} is linked from the README but not in mkdocs.yml's nav"
+
+
+def test_the_docs_figures_exist_are_pngs_and_are_the_ones_the_script_writes():
+    """Every figure a page shows is a checked-in PNG that benchmarks/docs_figures.py writes from a
+    real run, and every such PNG is shown somewhere."""
+    import ast
+
+    docs = ROOT / "docs"
+    shown: set[str] = set()
+    for page in docs.rglob("*.md"):
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            path = (page.parent / target).resolve()
+            assert path.is_file(), f"{page.relative_to(ROOT)} shows a missing figure: {target}"
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", target
+            shown.add(path.name)
+    for page in ("how-to/monitoring.md", "concepts.md", "results.md"):
+        assert "](" in (docs / page).read_text() and any(
+            f"figures/{name}" in (docs / page).read_text() for name in shown
+        ), f"{page} shows no figure"
+    script = (ROOT / "benchmarks" / "docs_figures.py").read_text()
+    written = {n.value for n in ast.walk(ast.parse(script)) if isinstance(n, ast.Constant)
+               and isinstance(n.value, str) and n.value.endswith(".png")}  # fmt: skip
+    checked_in = {p.name for p in (docs / "figures").glob("*.png")}
+    assert shown == checked_in == written, (shown, checked_in, written)
