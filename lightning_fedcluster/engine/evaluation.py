@@ -164,7 +164,7 @@ class EvaluationHooks:
         self._evaluation = Evaluation(self, "val")
 
     def on_test_epoch_start(self: TrainingHost) -> None:
-        warn_if_untrained(self, "testing")
+        warn_if_untrained(self)
         self._evaluation = Evaluation(self, "test")
 
     def validation_step(self: TrainingHost, batch: EvaluationChunk, batch_idx: int) -> None:
@@ -207,13 +207,14 @@ class EvaluationHooks:
             self.log("step", float(self.rounds_trained), batch_size=1, sync_dist=True)
 
 
-def warn_if_untrained(host: TrainingHost, doing: str) -> None:
-    """Warn when no client has trained yet (``trainer.test``/``predict`` before ``fit``, or a fit
-    with ``max_epochs=0``): the scores are the initial weights' under uniform ω."""
+def warn_if_untrained(host: TrainingHost) -> None:
+    """Warn when a test pass scores models no client has trained yet (``trainer.test`` before
+    ``fit``, or after a fit with ``max_epochs=0``): the initial weights under uniform ω. Predicting
+    warns likewise (``prediction.py``)."""
     state = host.client_state
     if state is not None and not bool(state.seen.any()):
         rank_zero_warn(
-            f"{doing} models that no client has trained yet (trainer.{doing.removesuffix('ing')} before "
-            "trainer.fit, or a fit with max_epochs=0): the scores are those of the initial weights with "
-            "uniform cluster weights ω. Fit first (max_epochs >= 1), or pass ckpt_path= of a trained run"
+            "testing models that no client has trained yet (trainer.test before trainer.fit, or a fit "
+            "with max_epochs=0): the scores are those of the initial weights with uniform cluster "
+            "weights ω. Fit first (max_epochs >= 1), or pass ckpt_path= of a trained run"
         )

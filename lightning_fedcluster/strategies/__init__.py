@@ -31,7 +31,6 @@ for _name, (_cls, _description) in _REGISTRY.items():
         StrategyRegistry.register(_name, _cls, description=_description)
 
 
-
 def check_strategy_name(strategy: Any) -> None:
     """A strategy given by name must be registered; an unknown name is refused suggesting the
     library's names (Lightning's own error lists only its DDP-style choices)."""
