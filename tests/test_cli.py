@@ -321,6 +321,11 @@ def test_bad_tensor_files_are_named_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"holds \['X', 'labels'\]: save the inputs as 'x' and the labels "
                        r"as 'y' \(numpy.savez\(path, x=..., y=...\)\)"):  # fmt: skip
         TensorFileFederated(str(tmp_path / "keys.npz"))
+    np.savez(tmp_path / "names.npz", x=x.numpy(), y=np.array(["zero", "one"])[(y % 2).numpy()])
+    with pytest.raises(
+        ValueError, match=r"'y' holds <U4 values \(strings\), but labels must be integer-encoded"
+    ):
+        TensorFileFederated(str(tmp_path / "names.npz"))
     torch.save({"x": x, "y": y}, tmp_path / "ok.pt")
     with pytest.raises(ValueError, match=r"image_shape=\[1, 8, 7\] does not fit x"):
         TensorFileFederated(str(tmp_path / "ok.pt"), image_shape=(1, 8, 7))

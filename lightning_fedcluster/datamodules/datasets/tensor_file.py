@@ -126,6 +126,12 @@ def load_tensor_file(path: str | Path) -> dict[str, Tensor]:
     if path.suffix.lower() == ".npz":
         with np.load(path, allow_pickle=False) as arrays:
             found = list(arrays.files)
+            for key in (k for k in found if k in KEYS and arrays[k].dtype.kind in "USO"):
+                raise ValueError(
+                    f"{path}: {key!r} holds {arrays[key].dtype} values (strings), but labels must be "
+                    "integer-encoded class indices 0..C-1: classes, codes = numpy.unique(labels, "
+                    f"return_inverse=True), then save codes as {key!r}"
+                )
             stored: dict[str, Any] = {k: torch.from_numpy(arrays[k]) for k in found if k in KEYS}
     else:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
