@@ -1,15 +1,41 @@
-"""How the Flower server talks to its nodes: send messages and collect the replies (polling a
-deployment's SuperLink with a short backoff instead of Flower's fixed sleeps), and read a
-node's error."""
+"""How the Flower server talks to its nodes: wait for them to connect (saying so), send messages
+and collect the replies (polling a deployment's SuperLink with a short backoff instead of
+Flower's fixed sleeps), and read a node's error."""
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+log = logging.getLogger("lightning_fedcluster.flower")
+
 REPLY_POLL_CAP = 0.02  # seconds between the server's pulls of a round's replies, at most
+
+
+def wait_for_nodes(grid: Grid, min_nodes: int, node_wait: float, every: float = 5.0) -> list[int]:
+    """The connected nodes once ``min_nodes`` are; while fewer are, a line every ``every`` seconds
+    (and whenever the count changes) says how many and how long is left. After ``node_wait``
+    seconds a TimeoutError names both counts (Flower puts it in the run's status)."""
+    deadline = time.monotonic() + node_wait
+    said: tuple[int, float] | None = None
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= min_nodes:
+            return nodes
+        left = deadline - time.monotonic()
+        if left < 0:
+            raise TimeoutError(
+                f"{len(nodes)} of min_nodes={min_nodes} Flower nodes connected within {node_wait:g} s "
+                "(run config node-wait): start the missing SuperNodes or lower min-nodes"
+            )
+        if said is None or said[0] != len(nodes) or said[1] - left >= every:
+            log.info("%d of %d nodes connected, waiting (%d s left)", len(nodes), min_nodes, math.ceil(left))
+            said = (len(nodes), left)
+        time.sleep(0.2)
 
 
 def node_error(reply: Message) -> str:

@@ -14,7 +14,6 @@ again. Log lines name rounds 1-based, as the progress lines do ("round 3/10").
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store
-from lightning_fedcluster.flower.messaging import exchange, is_deployment, node_error
+from lightning_fedcluster.flower.messaging import exchange, is_deployment, node_error, wait_for_nodes
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
 
@@ -105,31 +104,8 @@ class FlowerServer:
         self.pushed: set[str] = set()
 
     # -- setup ---------------------------------------------------------------------------------
-    def wait_for_nodes(self, grid: Grid, every: float = 5.0) -> list[int]:
-        """The connected nodes once ``min_nodes`` are; while fewer are, a line every ``every``
-        seconds (and whenever the count changes) says how many and how long is left."""
-        deadline = time.monotonic() + self.node_wait
-        said: tuple[int, float] | None = None
-        while True:
-            nodes = sorted(grid.get_node_ids())
-            if len(nodes) >= self.min_nodes:
-                return nodes
-            left = deadline - time.monotonic()
-            if left < 0:
-                raise TimeoutError(
-                    f"{len(nodes)} of min_nodes={self.min_nodes} Flower nodes connected within "
-                    f"{self.node_wait:g} s (run config node-wait): start the missing SuperNodes or "
-                    "lower min-nodes"
-                )
-            if said is None or said[0] != len(nodes) or said[1] - left >= every:
-                log.info(
-                    "%d of %d nodes connected, waiting (%d s left)",
-                    len(nodes),
-                    self.min_nodes,
-                    math.ceil(left),
-                )
-                said = (len(nodes), left)
-            time.sleep(0.2)
+    def wait_for_nodes(self, grid: Grid) -> list[int]:
+        return wait_for_nodes(grid, self.min_nodes, self.node_wait)
 
     def describe(self, grid: Grid, nodes: list[int]) -> Federation:
         """Ask every node which clients it holds; every client of the datamodule must be held once."""
