@@ -61,7 +61,7 @@ DATA_HELP = (
 )
 FIGURES_HELP = (
     "Draw figures (cluster weights, concept shares, accuracy per concept, data summary) for "
-    "TensorBoard at validation rounds; false: scalars only."
+    "TensorBoard at validation rounds and the last round; false: scalars only."
 )
 
 ONE_CONCEPT = (
