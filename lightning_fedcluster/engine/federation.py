@@ -98,6 +98,21 @@ class _ActionTarget:
             self._optimizer.reset(cluster_group(cluster))
 
 
+class NoClientsError(RuntimeError):
+    """A round in which no client's update was accepted: the run stops."""
+
+
+def check_sums(round_state: RoundState) -> None:
+    """After the all-reduce: every summed update and report is finite (each was checked before it
+    entered the sums; a failure here is a process that skipped its checks or a broken reduction)."""
+    tensors = [t for deltas in round_state.delta_sum for t in deltas] + list(round_state.delta_shared)
+    if not all(bool(torch.isfinite(t).all()) for t in [*tensors, round_state.report.flat]):
+        raise FloatingPointError(
+            f"round {round_state.round_index}: the round's summed updates are not finite after the reduction "
+            "over processes; no process may skip the reply checks (engine/reply_checks.py)"
+        )
+
+
 class RoundDriver:
     """The server side of a run's rounds.
 
@@ -116,6 +131,7 @@ class RoundDriver:
             Lightning engine keeps them in its store; Flower nodes keep their own).
         num_rounds: rounds in the run (None: unbounded); no estimation pass after the last.
         say: where actions' notes go (rank zero's console, a logger).
+        warn: where rejected replies and rounds not applied are reported (every process its own).
         check_action: called with every action before it applies (a deployment refuses what its
             nodes cannot mirror).
     """
@@ -134,13 +150,14 @@ class RoundDriver:
         personal_vectors: bool = True,
         num_rounds: int | None = None,
         say: Callable[[str], None] = print,
+        warn: Callable[[str], None] = warnings.warn,
         check_action: Callable[[ServerAction], None] | None = None,
     ) -> None:
         self.plan, self.state, self.schedule, self.clients = plan, state, schedule, clients
         self.estimate, self.device = estimate, device or torch.device("cpu")
         self.optimizer_size, self.personal_vectors = optimizer_size, personal_vectors
         self.optimizer_in_store = optimizer_in_store
-        self.num_rounds, self.say, self.check_action = num_rounds, say, check_action
+        self.num_rounds, self.say, self.warn, self.check_action = num_rounds, say, warn, check_action
         self.first_loss: float | None = None  # the divergence checks' state (engine/setup_checks.py)
         self.chance_rounds = 0
 
@@ -178,6 +195,7 @@ class RoundDriver:
             self.device,
             optimizer_size=self.optimizer_size,
             optimizer_in_store=self.optimizer_in_store,
+            limits=self.plan.reply_limits,
         )
         round_state.membership = rule.round_membership(round_index, state, sizes, self.plan.seed)
         return round_state
@@ -186,20 +204,46 @@ class RoundDriver:
         """Close a round whose clients' work is in ``round_state``: ``reduce`` sums it over
         processes (None: already complete), then the server step, the clients' reports into
         the store, the rule's actions, the new global models into the working copies, the LR
-        schedulers and the next round's preparation. Returns the round's training metrics."""
+        schedulers and the next round's preparation. Returns the round's training metrics.
+
+        Rejected replies are warned about (each process its own); a round with fewer accepted
+        clients than ``min_clients_per_round`` is not applied (the models stay) and a round with
+        none raises ``NoClientsError``: a run must never count a round no client trained."""
         state, rule = self.state.client_state, self.rule
+        for rejection in round_state.rejections:
+            self.warn(rejection)
         if reduce is not None:
             round_state.reduce(reduce)
-        round_state.apply(self.plan.server_lr, self.state.server_optimizer)
-        server.record_round(rule, state, round_state, self.clients.offsets)
-        outcome = server.round_outcome(round_state, self.clients.train_sizes)
-        self.apply(rule.after_round(state, outcome), round_state.global_clusters)
+        check_sums(round_state)
+        accepted, rejected = int(round_state.reported_slots().sum()), round_state.rejected_count()
+        applied = accepted >= self.plan.min_clients_per_round
+        if accepted == 0:
+            raise NoClientsError(
+                f"round {round_state.round_index} trained no client: of its {len(round_state.clients)} "
+                f"clients, {rejected} sent replies that were rejected and the others' never came (see the "
+                "warnings above); the run stops rather than count a round without training"
+            )
+        if applied:
+            round_state.apply(self.plan.server_lr, self.state.server_optimizer)
+            server.record_round(rule, state, round_state, self.clients.offsets)
+            outcome = server.round_outcome(round_state, self.clients.train_sizes)
+            self.apply(rule.after_round(state, outcome), round_state.global_clusters)
+        else:
+            self.warn(
+                f"round {round_state.round_index} is not applied: {accepted} client(s) accepted, fewer than "
+                f"min_clients_per_round={self.plan.min_clients_per_round} ({rejected} rejected); the "
+                "models stay as they were"
+            )
         self.state.copies.load((round_state.global_clusters, round_state.global_shared))
         metrics = server.round_metrics(round_state, state, self.clients.task)
-        self.first_loss = check_loss_growth(self.first_loss, metrics["train/loss"], round_state.round_index)
-        self.chance_rounds = check_chance_level(
-            self.chance_rounds, metrics, round_state.round_index, self.clients.num_classes
-        )
+        metrics["train/rejected"] = float(rejected)
+        if applied:
+            self.first_loss = check_loss_growth(
+                self.first_loss, metrics["train/loss"], round_state.round_index
+            )
+            self.chance_rounds = check_chance_level(
+                self.chance_rounds, metrics, round_state.round_index, self.clients.num_classes
+            )
         with warnings.catch_warnings():  # a solver that only the nodes step (Flower) never steps here
             warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             self.state.schedulers.step(round_state.round_index, metrics)

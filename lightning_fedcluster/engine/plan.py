@@ -15,6 +15,7 @@ import torch
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.engine.optimizer_state import STORE_DTYPES
+from lightning_fedcluster.engine.reply_checks import ReplyLimits
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class TrainingPlan:
     ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation;
     ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning; ``precision`` is the Trainer's
     ("32-true", or "bf16-mixed": the Lightning host runs every forward under Lightning's autocast,
-    ``strategies/precision.py``).
+    ``strategies/precision.py``); ``max_update_norm`` and ``min_clients_per_round`` are the server's
+    checks of the clients' replies (``engine/reply_checks.py``).
     """
 
     name: str
@@ -52,10 +54,17 @@ class TrainingPlan:
     clients_per_chunk: int | None = None
     finetune_epochs: int = 0
     precision: str = "32-true"
+    max_update_norm: float | None = None
+    min_clients_per_round: int = 1
 
     @property
     def persists_optimizer_state(self) -> bool:
         return self.optimizer_state == "persist"
+
+    @property
+    def reply_limits(self) -> ReplyLimits:
+        """What the server accepts of the clients' replies."""
+        return ReplyLimits(self.max_update_norm, self.min_clients_per_round)
 
     @property
     def optimizer_store_dtype(self) -> torch.dtype:

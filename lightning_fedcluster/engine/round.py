@@ -19,6 +19,7 @@ from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.client import ClientWork
 from lightning_fedcluster.engine.copies import Snapshot
 from lightning_fedcluster.engine.optimizer_state import store_state
+from lightning_fedcluster.engine.reply_checks import ReplyLimits, client_problems
 from lightning_fedcluster.engine.round_buffer import RoundBuffer
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
 
@@ -41,6 +42,7 @@ class RoundState:
         device: torch.device,
         optimizer_size: int | None = None,
         optimizer_in_store: bool = False,
+        limits: ReplyLimits | None = None,
     ) -> None:
         self.round_index = round_index
         self.clients = clients
@@ -54,6 +56,7 @@ class RoundState:
             "omega": (n, k),
             "label_sums": (n, num_classes, k),
             "reported": (n,),
+            "rejected": (n,),
             "weights": (k + 1,),
             "metrics": (3,),
         }
@@ -77,8 +80,47 @@ class RoundState:
             RoundBuffer({"vectors": (n, optimizer_size)}, device, torch.float32) if buffered else None
         )
         self.membership: Tensor | None = None  # [M, K] clients chosen per cluster (server selection)
+        # The checks every client's work passes before it enters the sums (engine/reply_checks.py).
+        self.limits = limits or ReplyLimits()
+        self.active = state.active.clone()
+        self.rejections: list[str] = []  # this process's refused replies, in words
 
     # -- client side ---------------------------------------------------------------------------
+    def admit(
+        self,
+        work: ClientWork,
+        updates: Sequence[tuple[str, Sequence[Tensor], Sequence[Tensor]]],
+        omega: Tensor,
+    ) -> bool:
+        """Whether a client's work may enter the round's sums: its trained ``updates`` (label,
+        trained tensors, the global tensors they update) and its ω pass the reply checks;
+        otherwise it is counted as rejected, with the reasons."""
+        problems = client_problems(work.client, updates, omega, self.active, self.limits)
+        if problems:
+            self.reject([work.slot], f"client {work.client}", problems)
+        return not problems
+
+    def admit_stacked(self, works: Sequence[ClientWork], mix: Tensor, thetas: Sequence[Tensor]) -> Tensor:
+        """``admit`` for a chunk (``accumulate_stacked``'s arguments): the clients [C] that pass."""
+        accepted = torch.ones(len(works), dtype=torch.bool)
+        for c, work in enumerate(works):
+            pairs = (mix[c] > 0).nonzero().tolist()
+            updates = [
+                (f"cluster {t}", [theta[c, s] for theta in thetas], self.global_clusters[t][: len(thetas)])
+                for s, t in pairs
+            ]
+            accepted[c] = self.admit(work, updates, work.report.omega)
+        return accepted
+
+    def reject(self, slots: Sequence[int], sender: str, problems: Sequence[str]) -> None:
+        """Count the clients in ``slots`` as rejected: ``sender``'s reply failed ``problems``."""
+        for slot in slots:
+            self.report["rejected"][slot] = 1.0
+        self.rejections.append(
+            f"round {self.round_index}: the reply of {sender} is rejected and left out of the round: "
+            + "; ".join(problems)
+        )
+
     def accumulate(self, target: int, local: Sequence[Tensor], weight: float) -> None:
         """Cluster ``target`` += weight · (local − θ_target), for one trained copy ``local``."""
         accumulate_delta(self.delta_sum[target], local, self.global_clusters[target], weight)
@@ -161,3 +203,7 @@ class RoundState:
 
     def reported_slots(self) -> Tensor:
         return (self.report["reported"] > 0).cpu()
+
+    def rejected_count(self) -> int:
+        """Clients of the round whose replies were rejected (over every process, once reduced)."""
+        return int((self.report["rejected"] > 0).sum())

@@ -1,5 +1,6 @@
 """What the Flower server takes from its nodes: a node's summed updates and its clients' reports
-into the round's sums, and (``collect_client_state``) a node's client store into the server's."""
+into the round's sums, once the reply passes the server's checks (``engine/reply_checks.py``),
+and (``collect_client_state``) a node's client store into the server's."""
 
 from __future__ import annotations
 
@@ -9,12 +10,53 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.reply_checks import finite_problems, shape_problems, summed_problems
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.flower import records
 
+Sections = dict[str, dict[str, Tensor]]
 
-def merge(round_state: RoundState, sections: dict[str, dict[str, Tensor]], slots: dict[int, int]) -> None:
-    """A node's summed updates and its clients' reports (its reply, unpacked) into the round's sums."""
+
+def reply_problems(round_state: RoundState, sections: Sections, sent: list[int]) -> list[str]:
+    """Why a node's reply (unpacked) to a round that sent it clients ``sent`` cannot be merged: the
+    sections and tensors the round declares, with their shapes and dtypes; the clients it reports
+    (trained) and rejected on the node, which together are ``sent``; then the reply checks
+    (``summed_problems``: finite, weighted, within ``max_update_norm``, ω on the simplex)."""
+    if set(sections) != {"update", "report"}:
+        return [f"sections {sorted(sections)}, expected ['report', 'update']"]
+    report, update = sections["report"], sections["update"]
+    ids = [report.get(key) for key in ("clients", "rejected")]
+    if any(t is None or t.dtype != torch.long or t.dim() != 1 for t in ids):
+        return ["its client lists ('clients', 'rejected') are not 1-D int64 tensors"]
+    trained, rejected = (t.tolist() for t in ids)
+    if sorted(trained + rejected) != sorted(sent):
+        return [f"it reports clients {trained} and rejected {rejected}, but was sent {sent}"]
+    n, (k, c) = len(trained), (len(round_state.delta_sum), round_state.report["label_sums"].shape[1])
+    declared: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        name: (tuple(t.shape), torch.float64)
+        for name, t in records.snapshot_tensors((round_state.delta_sum, round_state.delta_shared)).items()
+    }
+    problems = shape_problems(update, declared)
+    shapes = {"omega": (n, k), "label_sums": (n, c, k), "weights": (k + 1,), "metrics": (3,)}
+    reported = {name: (shape, torch.float64) for name, shape in shapes.items()}
+    reported |= {"clients": ((n,), torch.long), "rejected": ((len(rejected),), torch.long)}
+    if round_state.vectors is not None:
+        reported["vectors"] = ((n, round_state.vectors.shapes["vectors"][1]), torch.float32)
+    problems += shape_problems(report, reported)
+    if problems:
+        return problems
+    problems = finite_problems({"label_sums": report["label_sums"], "metrics": report["metrics"]})
+    if "vectors" in report:
+        problems += finite_problems({"vectors": report["vectors"]})
+    deltas, shared = records.tensors_snapshot(update, k)
+    return problems + summed_problems(
+        deltas, shared, report["weights"], report["omega"], trained, round_state.active, round_state.limits
+    )
+
+
+def merge(round_state: RoundState, sections: Sections, slots: dict[int, int]) -> None:
+    """A node's summed updates and its clients' reports (its reply, unpacked and checked by
+    ``reply_problems``) into the round's sums; the clients its node rejected counted as rejected."""
     update = sections["update"]
     deltas, shared = records.tensors_snapshot(update, len(round_state.delta_sum))
     for k, tensors in enumerate(deltas):
@@ -33,6 +75,8 @@ def merge(round_state: RoundState, sections: dict[str, dict[str, Tensor]], slots
         buffer["reported"][slot] = 1.0
         if "vectors" in report:
             round_state.vectors["vectors"][slot] = report["vectors"][row].to(round_state.vectors.flat)
+    for client in report["rejected"].tolist():
+        round_state.report["rejected"][slots[int(client)]] = 1.0
 
 
 def merge_store(

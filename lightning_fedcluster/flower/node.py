@@ -13,6 +13,7 @@ FeSEM's first round); for an estimation pass, its clients' estimates (FedSoft's 
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ from lightning_fedcluster.flower.plan import clustered_module, flower_optimizer,
 
 PARTITION_ID, NUM_PARTITIONS, NUM_CLUSTERS = "partition-id", "num-partitions", "num-clusters"
 STATE_KEY = "fedcluster.client_store"
+log = logging.getLogger("lightning_fedcluster.flower")
 SERVER_VECTORS = ("model", "update")  # per-client vectors the server's rule reads (never "personal")
 
 
@@ -209,6 +211,7 @@ class NodeRuntime:
             round_index, rows, self.sizes[rows], snapshot, self.plan.rule, state, self.num_classes,
             vectors.vector_size(self.copies, self.plan.rule, state), self.setup.device,
             optimizer_size=None if layout is None else layout.size, optimizer_in_store=True,
+            limits=self.plan.reply_limits,
         )  # fmt: skip
         round_state.membership = info.get("membership")
         self.copies.models.train()
@@ -243,16 +246,22 @@ class NodeRuntime:
 
     @staticmethod
     def reply(round_state: RoundState, clients: list[int], send_vectors: bool) -> RecordDict:
+        """The node's summed updates and the reports of its clients that passed the reply checks
+        here (``clients``); those that did not are listed as ``rejected`` (and logged here)."""
+        for rejection in round_state.rejections:
+            log.warning("%s", rejection)
         deltas = records.snapshot_tensors((round_state.delta_sum, round_state.delta_shared))
+        ids, reported = torch.tensor(clients, dtype=torch.long), round_state.reported_slots()
         report = {
-            "clients": torch.tensor(clients, dtype=torch.long),
-            "omega": round_state.report["omega"],
-            "label_sums": round_state.report["label_sums"],
+            "clients": ids[reported],
+            "rejected": ids[~reported],
+            "omega": round_state.report["omega"][reported],
+            "label_sums": round_state.report["label_sums"][reported],
             "weights": round_state.report["weights"],
             "metrics": round_state.report["metrics"],
         }
         if send_vectors:  # CFL's updates, FeSEM's first-round models: the rule's server needs them
-            report["vectors"] = round_state.vectors["vectors"]
+            report["vectors"] = round_state.vectors["vectors"][reported]
         return records.pack({"update": deltas, "report": report})
 
     @torch.no_grad()

@@ -16,6 +16,8 @@ def progress_line(round_index: int, num_rounds: int, metrics: dict[str, float], 
     parts = [f"round {round_index + 1}/{num_rounds}"]
     if "train/clients" in metrics:
         parts.append(f"{int(metrics['train/clients'])} clients")
+    if metrics.get("train/rejected"):
+        parts.append(f"{int(metrics['train/rejected'])} rejected")
     for name, label in (("train/loss", "loss"), ("train/acc", "acc"), ("train/mse", "mse")):
         if name in metrics:
             parts.append(f"{label} {metrics[name]:.4f}")

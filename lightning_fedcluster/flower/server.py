@@ -36,7 +36,7 @@ from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
-from lightning_fedcluster.flower.aggregation import merge, merge_store
+from lightning_fedcluster.flower.aggregation import merge, merge_store, reply_problems
 from lightning_fedcluster.flower.messaging import exchange, is_deployment, node_error, wait_for_nodes
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
@@ -96,6 +96,7 @@ class FlowerServer:
         self.save_path, self.eval_every = save_path, eval_every
         self.metrics: list[dict[str, float]] = []
         self.dropped: dict[int, list[int]] = {}  # round -> clients left out of its aggregation
+        self.rejected: dict[int, list[int]] = {}  # round -> clients whose replies failed the checks
         self.round_seconds: list[float] = []  # wall time of each round (benchmarks)
         self.solver: Any = None  # the server's copy of the local solver, which the schedulers step
         config = self.plan.server_optimizer
@@ -186,6 +187,7 @@ class FlowerServer:
             personal_vectors=False,  # personal models stay on the nodes
             num_rounds=self.num_rounds,
             say=log.info,
+            warn=log.warning,
             check_action=lambda action: self.check_action(action, state),
         )
         writer = writer_for(self.log_dir)
@@ -195,6 +197,9 @@ class FlowerServer:
             round_state = driver.begin_round(round_index)
             self.train_round(grid, federation, round_state, state)
             metrics = driver.end_round(round_state)
+            rejected = round_state.clients[(round_state.report["rejected"] > 0).cpu()].tolist()
+            if rejected:
+                self.rejected[round_index] = rejected
             if self.eval_every and (
                 (round_index + 1) % self.eval_every == 0 or round_index + 1 == self.num_rounds
             ):
@@ -291,13 +296,15 @@ class FlowerServer:
         return {name: float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")}
 
     def save(self, path: str) -> None:
-        """The global models, the server's client store, the round metrics and the dropped clients."""
+        """The global models, the server's client store, the round metrics and the dropped and
+        rejected clients."""
         torch.save(
             {
                 "state_dict": self.module.state_dict(),
                 "client_state": self.module.client_state.state_dict(),
                 "metrics": self.metrics,
                 "dropped": self.dropped,
+                "rejected": self.rejected,
             },
             path,
         )
@@ -352,7 +359,16 @@ class FlowerServer:
             if reply.has_error():
                 self.drop(federation, node, by_node[node], round_state.round_index, node_error(reply))
                 continue
-            merge(round_state, records.unpack(reply.content), slots)
+            try:
+                sections = records.unpack(reply.content)
+                problems = reply_problems(round_state, sections, by_node[node])
+            except (KeyError, ValueError, TypeError, RuntimeError) as error:  # not a payload of records.pack
+                problems = [f"it cannot be decoded ({type(error).__name__}: {error})"]
+            if problems:
+                sender = f"node {node} (partition {federation.partition[node]}, clients {by_node[node]})"
+                round_state.reject([slots[c] for c in by_node[node]], sender, problems)
+                continue
+            merge(round_state, sections, slots)
         for message in messages:
             node = message.metadata.dst_node_id
             if node not in answered:

@@ -37,7 +37,7 @@ from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import keep_environment
 from lightning_fedcluster.strategies.precision import check_precision
-from lightning_fedcluster.strategies.round_arguments import check_round_arguments
+from lightning_fedcluster.strategies.round_arguments import check_reply_arguments, check_round_arguments
 
 if TYPE_CHECKING:
     from lightning_fedcluster.algorithms.client_state import ClientState
@@ -72,6 +72,13 @@ class FederatedStrategy(DDPStrategy):
         server_momentum: β of "momentum" (default 0.9).
         server_betas: (β₁, β₂) of "adam" (default (0.9, 0.99)).
         server_tau: τ of "adam", its adaptivity (default 1e-3).
+        max_update_norm: the longest client update ‖θ_local − θ_k‖ (L2 over a cluster's tensors)
+            the server accepts; a longer one is rejected and left out of the round, named and
+            counted in ``train/rejected`` (None: no bound). Non-finite updates and ω off the
+            simplex are always rejected (``engine/reply_checks.py``).
+        min_clients_per_round: a round is applied only when at least this many of its clients'
+            updates were accepted (otherwise the models stay and a warning says why); a round
+            with none stops the run.
         seed: drives client sampling, cluster-model initialisation and local minibatch order.
         finetune_epochs: before measuring a participating client's local accuracy, fine-tune copies
             of the cluster models on its training data for this many epochs (FedRC-FT); 0 = off.
@@ -132,6 +139,8 @@ class FederatedStrategy(DDPStrategy):
         server_momentum: float | None = None,
         server_betas: tuple[float, float] | None = None,
         server_tau: float | None = None,
+        max_update_norm: float | None = None,
+        min_clients_per_round: int = 1,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -153,6 +162,7 @@ class FederatedStrategy(DDPStrategy):
             drop_last=drop_last, seed=seed, executor=executor, clients_per_chunk=clients_per_chunk,
             server_lr=server_lr, finetune_epochs=finetune_epochs,
         )  # fmt: skip
+        check_reply_arguments(max_update_norm, min_clients_per_round, clients_per_round)
         check_optimizer_state(optimizer_state, optimizer_state_dtype, shared_layers)
         check_state_directory(optimizer_state_dir, optimizer_state)
         self.server_optimizer_config = ServerOptimizerConfig.from_arguments(
@@ -184,6 +194,8 @@ class FederatedStrategy(DDPStrategy):
         self.optimizer_state_dir = None if optimizer_state_dir is None else str(optimizer_state_dir)
         self.drop_last = drop_last
         self.logits_from = check_logits_from(logits_from)
+        self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
+        self.min_clients_per_round = min_clients_per_round
         # Set by the ClusteredModule once it has resolved the executor (None: the loop).
         self.chunk_size: int | None = None
         self._schedule: tuple[tuple[int, int | None], RoundSchedule] | None = None
@@ -257,6 +269,8 @@ class FederatedStrategy(DDPStrategy):
             clients_per_chunk=self.clients_per_chunk,
             finetune_epochs=self.finetune_epochs,
             precision=self.precision_plugin.precision,
+            max_update_norm=self.max_update_norm,
+            min_clients_per_round=self.min_clients_per_round,
         )
 
     def round_schedule(

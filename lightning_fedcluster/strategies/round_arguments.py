@@ -38,3 +38,26 @@ def check_round_arguments(
         raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
     if isinstance(finetune_epochs, bool) or not isinstance(finetune_epochs, int) or finetune_epochs < 0:
         raise ValueError(f"finetune_epochs must be an integer >= 0, got {finetune_epochs!r}")
+
+
+def check_reply_arguments(max_update_norm: Any, min_clients_per_round: Any, clients_per_round: Any) -> None:
+    """The server's checks of the clients' replies (``engine/reply_checks.py``)."""
+    if max_update_norm is not None and (
+        isinstance(max_update_norm, bool)
+        or not isinstance(max_update_norm, (int, float))
+        or not max_update_norm > 0
+    ):
+        raise ValueError(
+            f"max_update_norm must be a number > 0 (the longest client update ‖θ_local − θ_k‖ a round "
+            f"accepts) or None (no bound), got {max_update_norm!r}"
+        )
+    check_positive_int("min_clients_per_round", min_clients_per_round)
+    if (
+        clients_per_round is not None
+        and isinstance(clients_per_round, int)
+        and min_clients_per_round > clients_per_round
+    ):
+        raise ValueError(
+            f"min_clients_per_round={min_clients_per_round} exceeds clients_per_round={clients_per_round}: "
+            "no round could ever be applied; lower min_clients_per_round"
+        )

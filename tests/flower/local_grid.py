@@ -76,9 +76,11 @@ class LocalGrid(Grid):
         return replies
 
 
-def run_local(apps, node_configs: list[dict], fault=None):
-    """Run ``apps``'s server on a LocalGrid with one node per config; the trained module."""
-    grid = LocalGrid(apps.client_app(), node_configs, fault)
+def run_local(apps, node_configs: list[dict], fault=None, replies=None):
+    """Run ``apps``'s server on a LocalGrid with one node per config; the trained module.
+    ``replies``: wraps the ClientApp (``app -> app``), e.g. to corrupt what a node sends back."""
+    client_app = apps.client_app()
+    grid = LocalGrid(client_app if replies is None else replies(client_app), node_configs, fault)
     context = Context(run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config={})
     return apps.run_server(grid, context), grid
 

@@ -168,10 +168,19 @@ def batch_index(setup: LocalSetup, turn: ClientTurn, step: int) -> Tensor:
 
 def finish_turn(
     setup: LocalSetup, solver: LocalSolver, turn: ClientTurn, round_state: RoundState, report: ClientReport
-) -> None:
-    """The client's contributions into the round's sums, its report and its optimizer state."""
+) -> bool:
+    """The client's contributions into the round's sums, its report and its optimizer state, once
+    they pass the reply checks (``RoundState.admit``). Returns whether they did."""
     work = turn.work
     parts = contributions(setup.rule, work, report)
+    updates = [
+        (f"cluster {c.target}", setup.copies.cluster_tensors(c.source), round_state.global_clusters[c.target])
+        for c in parts
+    ]
+    if round_state.global_shared and parts:
+        updates.append(("shared layers", setup.copies.shared_tensors(), round_state.global_shared))
+    if not round_state.admit(work, updates, report.omega):
+        return False
     for c in parts:
         round_state.accumulate(c.target, setup.copies.cluster_tensors(c.source), c.weight)
     if round_state.global_shared and parts:
@@ -180,6 +189,7 @@ def finish_turn(
     if solver.layout is not None:
         vector, started = read_state(solver.optimizer, solver.layout, setup.copies.num_clusters)
         round_state.record_optimizer(work.slot, vector, started)
+    return True
 
 
 def start_personal(
@@ -196,13 +206,14 @@ def end_turn(
     setup: LocalSetup, solver: LocalSolver, turn: ClientTurn, round_state: RoundState, state: ClientState
 ) -> None:
     """The end of a client's turn: a rule that reassigns by model distances does (FeSEM, WeCFL),
-    then ``finish_turn``, then the client's vector when the rule asks the server for one."""
+    then ``finish_turn``, then the client's vector when the rule asks the server for one (an
+    accepted client's)."""
     work, report, rule = turn.work, turn.work.report, setup.rule
     if rule.capabilities.model_distances:
         distances = vectors.distances(setup.copies, rule, round_state.global_clusters, work.plan.clusters[0])
         report = rule.reassign(report, distances, work.context)
-    finish_turn(setup, solver, turn, round_state, report)
-    if round_state.vectors is not None:
+    accepted = finish_turn(setup, solver, turn, round_state, report)
+    if accepted and round_state.vectors is not None:
         round_state.vectors["vectors"][work.slot] = vectors.round_vector(
             setup.copies, rule, state, round_state.global_clusters, work
         )

@@ -99,9 +99,13 @@ class VectorizedExecutor:
                 raise non_finite_error(round_index, clients[int((~finite).nonzero()[0])], "in local training")
         with module.timed("aggregation"):
             mix = contribution_matrix(module.rule, works, module.num_clusters).to(module.device)
-            module.round.accumulate_stacked(mix, [theta[name] for name in self.names])
-            for work in works:
-                module.round.record(work, work.report)
+            thetas = [theta[name] for name in self.names]
+            accepted = module.round.admit_stacked(works, mix, thetas)
+            mix[~accepted.to(mix.device)] = 0.0
+            module.round.accumulate_stacked(mix, thetas)
+            for work, admitted in zip(works, accepted.tolist(), strict=True):
+                if admitted:
+                    module.round.record(work, work.report)
 
     def train(
         self,
