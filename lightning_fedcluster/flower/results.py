@@ -2,7 +2,8 @@
 ``ClusteredModule`` that ``Trainer(strategy=<the run's strategy>).test`` / ``.predict`` use.
 
 The file holds the K global models, the server's client store (ω, label sums, participation,
-alive clusters and the entries the server owns), the round metrics and the dropped clients; the
+alive clusters and the entries the server owns), the round metrics and the dropped and rejected
+clients, with a content hash that ``read_run`` checks (a changed byte is refused by name); the
 architecture comes from the user's LightningModule and K, the seed and the rule from the strategy
 the run trained with, so both are given and checked against the file. Participating clients are
 scored with their own ω, unseen clients adapted by the rule, as after a Lightning fit.
@@ -22,6 +23,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.checkpoint import saved_num_clusters
+from lightning_fedcluster.engine.verified_files import last_good_note, verify
 from lightning_fedcluster.flower.node import built
 from lightning_fedcluster.flower.plan import clustered_module
 
@@ -42,6 +44,7 @@ class SavedRun:
     client_state: dict[str, Tensor]
     metrics: list[dict[str, float]]  # one dict per round
     dropped: dict[int, list[int]]  # round -> clients left out of its aggregation
+    rejected: dict[int, list[int]]  # round -> clients whose replies failed the server's checks
 
     @property
     def num_clusters(self) -> int:
@@ -59,12 +62,14 @@ def read_run(path: str | os.PathLike) -> SavedRun:
         raise FileNotFoundError(f"path={str(path)!r} is not a file: give {WHERE}")
     try:
         saved = torch.load(file, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as error:
         raise ValueError(
             f"path={str(path)!r} is not a Flower run: torch.load could not read it as one "
-            f"({type(error).__name__}). Give {WHERE}; a Lightning checkpoint is tested with "
-            "trainer.test(module, datamodule=dm, ckpt_path=path)"
+            f"({type(error).__name__}: {error}): a run file cut short, or another file. Give {WHERE}; a "
+            "Lightning checkpoint is tested with trainer.test(module, datamodule=dm, ckpt_path=path)."
+            + last_good_note(file)
         ) from error
+    verify(saved, file)  # a run file whose contents changed on disk is refused
     missing = [key for key in RUN_KEYS if key not in saved] if isinstance(saved, dict) else list(RUN_KEYS)
     store = saved.get("client_state") if not missing else None
     if not missing and isinstance(store, dict):
@@ -75,7 +80,8 @@ def read_run(path: str | os.PathLike) -> SavedRun:
             f"path={str(path)!r} is not a Flower run: it lacks {missing}. Give {WHERE}"
             + (LIGHTNING if lightning else "")
         )
-    return SavedRun(saved["state_dict"], store, list(saved["metrics"]), dict(saved["dropped"]))
+    rejected = dict(saved.get("rejected", {}))  # a run saved before replies were checked has none
+    return SavedRun(saved["state_dict"], store, list(saved["metrics"]), dict(saved["dropped"]), rejected)
 
 
 def load_run(path: str | os.PathLike, module: Any, strategy: Any) -> Any:

@@ -35,6 +35,7 @@ from lightning_fedcluster.engine.federation import (
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
 from lightning_fedcluster.engine.task import Task
+from lightning_fedcluster.engine.verified_files import save_verified
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store, reply_problems
 from lightning_fedcluster.flower.messaging import exchange, is_deployment, node_error, wait_for_nodes
@@ -297,8 +298,8 @@ class FlowerServer:
 
     def save(self, path: str) -> None:
         """The global models, the server's client store, the round metrics and the dropped and
-        rejected clients."""
-        torch.save(
+        rejected clients, with a content hash, written atomically (``engine/verified_files.py``)."""
+        save_verified(
             {
                 "state_dict": self.module.state_dict(),
                 "client_state": self.module.client_state.state_dict(),

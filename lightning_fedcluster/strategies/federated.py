@@ -34,6 +34,7 @@ from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
 from lightning_fedcluster.engine.state_file import check_state_directory
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
+from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import keep_environment
 from lightning_fedcluster.strategies.precision import check_precision
@@ -106,7 +107,9 @@ class FederatedStrategy(DDPStrategy):
             ``checkpoint_io``, ``precision_plugin``, ``process_group_backend``, ``timeout``,
             ``start_method``: Lightning's DDPStrategy arguments for the processes. DDP's
             model-wrapper arguments (``ddp_comm_hook``, ``find_unused_parameters``, ...) do not
-            apply: no DistributedDataParallel is built.
+            apply: no DistributedDataParallel is built. ``checkpoint_io`` defaults to
+            ``VerifiedCheckpointIO`` (atomic writes beside the target, a content hash checked on
+            load).
 
     Any other keyword is a TypeError listing the valid ones (a typo such as ``num_cluster=5`` must
     not train with the default).
@@ -172,7 +175,7 @@ class FederatedStrategy(DDPStrategy):
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
+            checkpoint_io=checkpoint_io or VerifiedCheckpointIO(),
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
             timeout=timeout,

@@ -12,7 +12,7 @@ import torch
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.engine.federation import NoClientsError
-from lightning_fedcluster.flower import FlowerApps, records
+from lightning_fedcluster.flower import FlowerApps, read_run, records
 from tests.engine.test_reply_checks import LOUD, loud_datamodule
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
@@ -122,6 +122,7 @@ def test_the_rejected_clients_are_saved_with_the_run(tmp_path, task_identity):
     run_apps.save_path = str(saved)
     run_local(run_apps, partitions(2), replies=poisoning(nan_update))
     assert run_apps.server.rejected and all(c >= 3 for cs in run_apps.server.rejected.values() for c in cs)
+    assert read_run(saved).rejected == run_apps.server.rejected
 
 
 def test_a_round_in_which_every_reply_is_rejected_stops_the_run(task_identity):

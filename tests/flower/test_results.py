@@ -152,3 +152,29 @@ def test_testing_without_the_strategy_says_to_pass_it(fedrc_run):
         TypeError, match="tests and predicts under a federated strategy.*pass the one it trained"
     ):
         trainer.test(loaded, datamodule=workload.make_datamodule())
+
+
+def test_a_run_file_with_a_changed_byte_or_cut_short_is_refused_by_name(tmp_path, fedrc_run):
+    """The run file carries a content hash: a flipped byte in ω (the row no longer sums to 1) or a
+    file cut short is refused, naming it, where torch.load alone would accept the first."""
+    path, module, _ = fedrc_run
+    omega = bytes(module.client_state.omega[2].numpy().tobytes())
+    data = path.read_bytes()
+    flipped = tmp_path / "flipped.pt"
+    at = data.index(omega) + 3
+    flipped.write_bytes(data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1 :])
+    assert abs(float(torch.load(flipped)["client_state"]["omega"][2].sum()) - 1) > 1e-9
+    with pytest.raises(ValueError, match="do not match the content hash") as error:
+        load_run(flipped, workload.make_module, workload.fedrc_strategy())
+    assert str(flipped) in str(error.value)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        ValueError, match="torch.load could not read it as one .*a run file cut short"
+    ) as error:
+        load_run(cut, workload.make_module, workload.fedrc_strategy())
+    assert str(cut) in str(
+        error.value
+    ) and f"The last good checkpoint beside it is {tmp_path / 'flipped.pt'}" not in str(error.value), (
+        "the flipped file is not good"
+    )
