@@ -4,8 +4,9 @@
 (scikit-learn's digits, three concepts, label and feature shift), then a test pass that prints
 local accuracy, global accuracy and concept ARI, and where the logs are. Every default can be
 overridden on the command line or with ``--config``, as with any LightningCLI. The console shows
-a progress bar over rounds (RoundProgressBar) and the data scenario is logged at fit start
-(DataSummary), unless the configuration lists its own.
+a progress bar over rounds (RoundProgressBar), the data scenario is logged at fit start
+(DataSummary) and a checkpoint is written at every round end (ModelCheckpoint), unless the
+configuration lists its own. A fit stopped by SIGTERM exits with status 143.
 
 Beyond LightningCLI: ``--model mymodels.MyNet`` finds ``mymodels.py`` in the working directory;
 ``--data my_data.pt`` (or ``.npz``) builds the FedRC scenario from the file's (x, y) tensors
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -191,7 +193,9 @@ class FedClusterCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with a DataSummary and a RoundProgressBar unless the configuration has its
-        own (or turns progress bars off)."""
+        own (or turns progress bars off), and a ModelCheckpoint that saves at every round end
+        unless it has its own (or turns checkpointing off): Lightning's default one saves only
+        after a validation, which the main job runs every 25 rounds."""
         subcommand = self.config_init[self.subcommand] if self.subcommand else self.config_init
         config = subcommand["trainer"]
         check_strategy_name(config.get("strategy"))
@@ -206,6 +210,10 @@ class FedClusterCLI(LightningCLI):
                     callback.figures = False
             if not any(isinstance(c, ClusterMonitor) for c in callbacks):
                 callbacks.append(ClusterMonitor(figures=False))
+        if config.get("enable_checkpointing") is not False and not any(
+            isinstance(c, ModelCheckpoint) for c in callbacks
+        ):
+            callbacks.append(ModelCheckpoint(save_on_train_epoch_end=True))
         bars_on = config.get("enable_progress_bar") is not False
         if bars_on and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(RoundProgressBar())

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -386,3 +387,17 @@ def test_the_results_table_says_why_the_concept_ari_of_one_concept_is_undefined(
              "--trainer.max_epochs=1", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
              f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
     assert "concept ARI            n/a   (undefined" in capsys.readouterr().out
+
+
+def test_the_default_fit_writes_a_checkpoint_at_every_round_end(tmp_path):
+    """The main job validates every 25 rounds; Lightning's own ModelCheckpoint saves only after a
+    validation, so a 2-round fit wrote none. The CLI's saves at every round end (verified files)."""
+    cli = run_cli(["fit", "--trainer.logger=false", "--trainer.max_epochs=2", *small(tmp_path)[1:]])
+    (saver,) = [c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    assert Path(saver.best_model_path).name.startswith("epoch=1-"), saver.best_model_path
+    saved = torch.load(saver.best_model_path, weights_only=False)
+    assert saved["epoch"] == 1 and saved["fedcluster_content_hash"].startswith("sha256:")
+    none = run_cli(
+        ["fit", "--trainer.enable_checkpointing=false", "--trainer.logger=false", *small(tmp_path)]
+    )
+    assert not any(isinstance(c, ModelCheckpoint) for c in none.trainer.callbacks)

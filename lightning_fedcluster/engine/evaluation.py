@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
@@ -193,16 +194,19 @@ class EvaluationHooks:
         self._evaluation = None
         self.eval_metrics = metrics
         metric = Task.of(self.task).metric
+        # During a fit the ClusterMonitor logs validation with the round as its step; a test pass or
+        # a trainer.validate() logs (and returns) its metrics through Lightning (None: no warning).
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
         for name, value in metrics.items():
             self.log(
                 name,
                 value,
-                logger=None if stage == "test" else False,  # None: logged (and returned) with no warning
+                logger=False if fitting else None,
                 batch_size=1,
                 sync_dist=True,
                 prog_bar=name.endswith((f"local_{metric}", f"global_{metric}")),
             )
-        if stage == "test":  # Lightning's public way to give the loggers a step: the round, as for
+        if not fitting:  # Lightning's public way to give the loggers a step: the round, as for
             # every other scalar of the run (ClusterMonitor), instead of the count of client-steps
             self.log("step", float(self.rounds_trained), batch_size=1, sync_dist=True)
 

@@ -23,6 +23,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
@@ -38,6 +39,7 @@ from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import keep_environment
 from lightning_fedcluster.strategies.precision import check_precision
+from lightning_fedcluster.strategies.process_faults import exit_status_on_sigterm, process_group_timeout
 from lightning_fedcluster.strategies.round_arguments import check_reply_arguments, check_round_arguments
 
 if TYPE_CHECKING:
@@ -107,7 +109,10 @@ class FederatedStrategy(DDPStrategy):
             ``checkpoint_io``, ``precision_plugin``, ``process_group_backend``, ``timeout``,
             ``start_method``: Lightning's DDPStrategy arguments for the processes. DDP's
             model-wrapper arguments (``ddp_comm_hook``, ``find_unused_parameters``, ...) do not
-            apply: no DistributedDataParallel is built. ``checkpoint_io`` defaults to
+            apply: no DistributedDataParallel is built. ``timeout`` (a ``timedelta`` or seconds;
+            Lightning's default 30 minutes) is how long a process waits for the others in a
+            collective (a round's all-reduce) before the fit fails: a stopped or hung peer fails
+            the others after it. ``checkpoint_io`` defaults to
             ``VerifiedCheckpointIO`` (atomic writes beside the target, a content hash checked on
             load).
 
@@ -150,7 +155,7 @@ class FederatedStrategy(DDPStrategy):
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: Precision | None = None,
         process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
+        timeout: timedelta | float | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         **unknown: Any,
     ) -> None:
@@ -178,7 +183,7 @@ class FederatedStrategy(DDPStrategy):
             checkpoint_io=checkpoint_io or VerifiedCheckpointIO(),
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=timeout,
+            timeout=process_group_timeout(timeout),
             start_method=start_method,
         )
         self.num_clusters = num_clusters
@@ -392,10 +397,13 @@ class FederatedStrategy(DDPStrategy):
             _teardown_registered = True
 
     def on_exception(self, exception: BaseException) -> None:
-        """Ctrl-C (KeyboardInterrupt) during a fit: say how to resume (``engine/checkpoint.py``)."""
+        """Ctrl-C (KeyboardInterrupt) or SIGTERM during a fit: say how to resume
+        (``engine/checkpoint.py``); a fit stopped by SIGTERM exits with status 143
+        (``process_faults.py``)."""
         super().on_exception(exception)
+        exit_status_on_sigterm(exception)
         module = self.lightning_module
-        if isinstance(exception, KeyboardInterrupt) and module is not None:
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)) and module is not None:
             trainer = module.trainer  # attached: the interrupt came through one of its entry points
             if trainer.state.fn == TrainerFn.FITTING:
                 rank_zero_info(resume_hint(trainer))

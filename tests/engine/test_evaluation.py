@@ -3,6 +3,7 @@ its adapt rows and scored on the others."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import lightning_fedcluster as lf
@@ -74,3 +75,18 @@ def test_testing_untrained_models_warns_and_trained_ones_do_not():
         scores = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]
     assert not [w for w in caught if "no client has trained" in str(w.message)]
     assert scores["step"] == 1.0
+
+
+def test_validate_returns_the_metrics_it_logs_and_a_fit_logs_them_once():
+    """``trainer.validate()`` returns the validation metrics (it returned ``[{}]``); during a fit
+    they stay off Lightning's logger (the ClusterMonitor logs them with the round as the step)."""
+    dm = DigitsFederated(num_clients=6, concepts=2, seed=0)
+    trainer = make_trainer(lf.FedRCStrategy(2, local_steps=2), max_epochs=1)
+    module = lf.ClusteredModule(MLPClassifier(), 2)
+    trainer.fit(module, datamodule=dm)
+    assert "val/local_acc" not in trainer.logged_metrics
+    (results,) = trainer.validate(module, datamodule=dm, verbose=False)
+    assert set(results) == {*module.eval_metrics, "step"} and "val/local_acc" in results
+    assert results["step"] == 1.0, "logged at the rounds trained, as the test scores"
+    for name, value in module.eval_metrics.items():
+        assert results[name] == pytest.approx(value, abs=1e-6), name
