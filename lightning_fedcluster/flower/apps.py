@@ -43,6 +43,11 @@ class FlowerApps:
             Lightning engine does (run config ``eval-every``; None or 0: never).
         collect_client_state: after the last round, copy the nodes' client stores into the
             returned module (``simulate`` does; a deployment keeps them on the nodes).
+        checkpoint_path: where the server writes its state every ``checkpoint_every`` rounds and
+            after the last (a verified file, written atomically; run config ``checkpoint-path``).
+        checkpoint_every: rounds between those checkpoints (run config ``checkpoint-every``).
+        resume: go on from the checkpoint at ``checkpoint_path`` when there is one, e.g. after the
+            ServerApp or the SuperLink went down (run config ``resume``): ``flower/server_state.py``.
     """
 
     def __init__(
@@ -59,8 +64,12 @@ class FlowerApps:
         save_path: str | None = None,
         collect_client_state: bool = False,
         eval_every: int | None = None,
+        checkpoint_path: str | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = False,
     ) -> None:
         check_positive_int("num_rounds", num_rounds)
+        check_positive_int("checkpoint_every", checkpoint_every)
         if eval_every is not None:
             int_arg("eval_every", eval_every, 0)
         check_positive_int("min_nodes", min_nodes)
@@ -74,6 +83,7 @@ class FlowerApps:
         self.num_rounds, self.round_timeout, self.min_nodes = num_rounds, round_timeout, min_nodes
         self.log_dir, self.save_path, self.collect_client_state = log_dir, save_path, collect_client_state
         self.eval_every, self.node_wait = eval_every, node_wait
+        self.checkpoint_path, self.checkpoint_every, self.resume = checkpoint_path, checkpoint_every, resume
         self.result: Any = None  # the trained ClusteredModule, once the ServerApp has run here
         self.server: FlowerServer | None = None  # the last run's server (metrics, round times)
 
@@ -100,6 +110,9 @@ class FlowerApps:
             collect_client_state=self.collect_client_state,
             save_path=config.get("save-path", self.save_path) or None,
             eval_every=int(config.get("eval-every", self.eval_every or 0)) or None,
+            checkpoint_path=config.get("checkpoint-path", self.checkpoint_path) or None,
+            checkpoint_every=int(config.get("checkpoint-every", self.checkpoint_every)),
+            resume=bool(config.get("resume", self.resume)),
         )
         self.server = server
         self.result = server.run(grid)
@@ -137,6 +150,7 @@ class FlowerApps:
 def client_app(factory: NodeFactory) -> ClientApp:
     """The ClientApp: ``query.describe`` (the node's clients), ``train`` (one round of its
     sampled clients), ``query.estimate`` (an estimation pass over its clients: FedSoft),
+    ``query.restore`` (its clients' rows of the server's store, when it comes back),
     ``query.export`` (its client store, when the server collects it)."""
     app = ClientApp()
 
@@ -165,6 +179,10 @@ def client_app(factory: NodeFactory) -> ClientApp:
     @app.query("evaluate")
     def evaluate(message: Message, context: Context) -> Message:
         return Message(runtime(context).evaluate(message.content, context), reply_to=message)
+
+    @app.query("restore")
+    def restore(message: Message, context: Context) -> Message:
+        return Message(runtime(context).restore(message.content, context), reply_to=message)
 
     @app.query("export")
     def export(message: Message, context: Context) -> Message:

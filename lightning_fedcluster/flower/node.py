@@ -312,6 +312,29 @@ class NodeRuntime:
             return outputs[0]
         return mixture_probabilities(outputs, self.plan.rule.prediction_weights(state.omega[row]))
 
+    def restore(self, content: RecordDict, context: Context) -> RecordDict:
+        """The server's rows of this node's clients (ω, label sums, participation, per-client
+        entries) into the node's store: a node that comes back, or whose reply was not merged, goes
+        on from what the server recorded for its clients. The state only nodes hold (per-sample
+        entries, optimizer state, personal models) stays as it is."""
+        sections = records.unpack(content)
+        clients = sections["node"]["clients"]
+        if not torch.equal(clients, self.clients):
+            raise NodeConfigError(
+                f"the server restores clients {clients.tolist()} but this node holds {self.clients.tolist()}"
+            )
+        state = self.load_state(context, sections["server"]["active"])
+        for key, value in sections["store"].items():
+            name = key.removeprefix("extra.")
+            target = state.extra.get(name) if key.startswith("extra.") else getattr(state, key)
+            if target is None or target.shape != value.shape:
+                raise NodeConfigError(
+                    f"the server restores {key} {tuple(value.shape)}, which this node does not keep"
+                )
+            target.copy_(value)
+        context.state[STATE_KEY] = records.state_record(state)
+        return records.pack({"restored": {"clients": clients.clone()}})
+
     def export(self, content: RecordDict, context: Context) -> RecordDict:
         """The node's client store (simulation only: ``simulate`` returns every client's state)."""
         state = self.load_state(context, records.unpack(content)["server"]["active"])

@@ -7,8 +7,10 @@ the Lightning engine runs; this module is the adapter: it sends each node holdin
 clients the K global models, the alive clusters, log C_{y,k}, the round's scheduled lr and the
 store entries the server owns, sums the nodes' float64 updates and reports into the round, and
 asks the nodes for estimation (FedSoft) and validation passes. A node that fails or does not
-answer within ``round_timeout`` is dropped from the round's aggregation (logged) and not asked
-again. Log lines name rounds 1-based, as the progress lines do ("round 3/10").
+answer within ``round_timeout`` is dropped from the round's aggregation (logged), and asked again
+once the grid lists it again (``nodes.py``); replies are checked before they are merged
+(``engine/reply_checks.py``) and the server's state is checkpointed for ``resume``
+(``server_state.py``). Log lines name rounds 1-based, as the progress lines do ("round 3/10").
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor
 
@@ -39,8 +42,16 @@ from lightning_fedcluster.engine.verified_files import save_verified
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store, reply_problems
 from lightning_fedcluster.flower.messaging import exchange, is_deployment, node_error, wait_for_nodes
+from lightning_fedcluster.flower.nodes import (
+    Federation,
+    describe_messages,
+    federation_of,
+    readmit,
+    restore_stores,
+)
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
+from lightning_fedcluster.flower.server_state import resume_from, save_checkpoint
 
 log = logging.getLogger("lightning_fedcluster.flower")
 
@@ -52,22 +63,6 @@ class DataSummary:
     num_clients: int
     train_sizes: Tensor
     batch_size: int = 1
-
-
-@dataclass
-class Federation:
-    """The nodes and the clients each holds."""
-
-    owner: dict[int, int]  # client -> node id
-    partition: dict[int, int]  # node id -> partition id
-    sizes: Tensor
-    num_classes: int
-    task: str
-    lost: set[int] = field(default_factory=set)
-
-    @property
-    def offsets(self) -> Tensor:
-        return torch.cat([torch.zeros(1, dtype=torch.long), self.sizes.cumsum(0)])
 
 
 class FlowerServer:
@@ -87,6 +82,9 @@ class FlowerServer:
         collect_client_state: bool = False,
         save_path: str | None = None,
         eval_every: int | None = None,
+        checkpoint_path: str | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = False,
     ) -> None:
         check_supported(strategy)
         self.strategy, self.module, self.num_rounds = strategy, module, num_rounds
@@ -95,6 +93,7 @@ class FlowerServer:
         self.round_timeout, self.min_nodes, self.node_wait = round_timeout, min_nodes, node_wait
         self.log_dir, self.collect_client_state = log_dir, collect_client_state
         self.save_path, self.eval_every = save_path, eval_every
+        self.checkpoint_path, self.checkpoint_every, self.resume = checkpoint_path, checkpoint_every, resume
         self.metrics: list[dict[str, float]] = []
         self.dropped: dict[int, list[int]] = {}  # round -> clients left out of its aggregation
         self.rejected: dict[int, list[int]] = {}  # round -> clients whose replies failed the checks
@@ -110,39 +109,11 @@ class FlowerServer:
         return wait_for_nodes(grid, self.min_nodes, self.node_wait)
 
     def describe(self, grid: Grid, nodes: list[int]) -> Federation:
-        """Ask every node which clients it holds; every client of the datamodule must be held once."""
-        config = ConfigRecord({"num-clusters": int(self.strategy.num_clusters)})
-        messages = [Message(RecordDict({"config": config}), n, "query.describe") for n in nodes]
+        """Ask every node which clients it holds; every client of the datamodule must be held once
+        (a node claiming a partition another node holds is refused, and the run goes on)."""
+        messages = describe_messages(nodes, self.strategy.num_clusters)
         replies = exchange(grid, messages, self.node_wait)  # a deployment's nodes start a process first
-        owner: dict[int, int] = {}
-        partition: dict[int, int] = {}
-        sizes: dict[int, int] = {}
-        infos = []
-        for node, reply in replies:
-            if reply.has_error():
-                raise RuntimeError(f"Flower node {node} rejected the run: {node_error(reply)}")
-            info = reply.content["node"]
-            infos.append(info)
-            partition[node] = int(info["partition-id"])
-            for client, size in zip(info["clients"], info["sizes"], strict=True):
-                if client in owner:
-                    raise RuntimeError(
-                        f"client {client} is held by nodes {owner[client]} and {node} (partitions "
-                        f"{partition[owner[client]]} and {partition[node]}): give every SuperNode its own "
-                        "partition-id"
-                    )
-                owner[client], sizes[client] = node, size
-        if len(replies) < len(nodes):
-            raise RuntimeError(f"{len(nodes) - len(replies)} Flower node(s) did not describe their clients")
-        num_clients = int(infos[0]["num-clients"])
-        missing = sorted(set(range(num_clients)) - set(owner))
-        if missing:
-            raise RuntimeError(
-                f"no connected node holds clients {missing} of {num_clients}: start a SuperNode for every "
-                f"partition (connected partitions: {sorted(partition.values())})"
-            )
-        size_tensor = torch.tensor([sizes[c] for c in range(num_clients)], dtype=torch.long)
-        return Federation(owner, partition, size_tensor, int(infos[0]["num-classes"]), str(infos[0]["task"]))
+        return federation_of(replies, nodes)
 
     # -- rounds --------------------------------------------------------------------------------
     def run(self, grid: Grid) -> Any:
@@ -192,9 +163,12 @@ class FlowerServer:
             check_action=lambda action: self.check_action(action, state),
         )
         writer = writer_for(self.log_dir)
-        driver.prepare_round(0)
-        for round_index in range(self.num_rounds):
+        start = self.start(driver, federation)
+        per_sample = set(self.rule.capabilities.per_sample_state)
+        for round_index in range(start, self.num_rounds):
             started = time.perf_counter()
+            readmit(grid, federation, self.strategy.num_clusters, self.round_timeout, round_index)
+            restore_stores(grid, federation, state, per_sample, self.round_timeout)
             round_state = driver.begin_round(round_index)
             self.train_round(grid, federation, round_state, state)
             metrics = driver.end_round(round_state)
@@ -213,6 +187,9 @@ class FlowerServer:
                     writer.add_scalar(name, value, round_index + 1)
                 writer.flush()
             log.info(progress_line(round_index, self.num_rounds, metrics, self.round_seconds[-1]))
+            last = round_index + 1 == self.num_rounds
+            if self.checkpoint_path and ((round_index + 1) % self.checkpoint_every == 0 or last):
+                save_checkpoint(self, driver, round_index, self.checkpoint_path)
         if writer is not None:
             writer.close()
         if self.collect_client_state:
@@ -220,6 +197,18 @@ class FlowerServer:
         if self.save_path:
             self.save(self.save_path)
         return module
+
+    def start(self, driver: RoundDriver, federation: Federation) -> int:
+        """The first round to run: after the checkpoint's (``resume`` with a checkpoint there: every
+        node's store is restored from the server's before it), else 0 (prepared here)."""
+        if self.resume and self.checkpoint_path and Path(self.checkpoint_path).exists():
+            federation.stale |= set(federation.live_nodes())
+            self.module.rounds_trained = resume_from(self, driver, self.checkpoint_path)
+            return self.module.rounds_trained
+        if self.resume:
+            log.info("resume: no checkpoint at %s yet, so the run starts from round 1", self.checkpoint_path)
+        driver.prepare_round(0)
+        return 0
 
     def check_action(self, action: ServerAction, state: ClientState) -> None:
         """Before a rule's action applies: the client-store entries it rewrites go to the nodes
@@ -368,6 +357,7 @@ class FlowerServer:
             if problems:
                 sender = f"node {node} (partition {federation.partition[node]}, clients {by_node[node]})"
                 round_state.reject([slots[c] for c in by_node[node]], sender, problems)
+                federation.stale.add(node)  # its store holds the rejected round: restored before its next
                 continue
             merge(round_state, sections, slots)
         for message in messages:

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -72,6 +73,7 @@ class ClientAppRunner:
     def __init__(self, runtime_api_address: str, pace: Pace, root_certificates: bytes | None = None) -> None:
         self.address, self.pace, self.root_certificates = runtime_api_address, pace, root_certificates
         self.apps: dict[str, Any] = {}  # FAB hash -> the loaded ClientApp
+        self.app_dirs: list[Path] = []  # where the loaded apps were installed
         self.tasks = 0
 
     def client(self, *interceptors: Any) -> Any:
@@ -108,12 +110,17 @@ class ClientAppRunner:
             self.pace.wait_for_message(1.0)
 
     def load(self, fab: Any, run: Any) -> Any:
-        """The run's ClientApp, installed from its FAB and imported once per FAB hash."""
+        """The run's ClientApp, installed from its FAB and imported once per FAB hash. Flower's
+        loader reuses a module already in ``sys.modules``, so the modules of the apps loaded
+        before (all named e.g. ``fedcluster_app``) are forgotten first: each FAB runs its own code."""
         if fab.hash_str not in self.apps:
             from flwr.cli.install import install_from_fab
             from flwr.clientapp.utils import get_load_client_app_fn
+            from flwr.common.config import get_project_dir
 
             install_from_fab(fab.content, skip_prompt=True)
+            forget_apps(self.app_dirs)
+            self.app_dirs.append(get_project_dir(run.fab_id, run.fab_version, fab.hash_str).absolute())
             load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
             self.apps[fab.hash_str] = load(run.fab_id, run.fab_version, fab.hash_str)
         return self.apps[fab.hash_str]
@@ -157,6 +164,17 @@ class ClientAppRunner:
                 client.close()
                 self.tasks += 1
                 log.debug("task done in %.3f s", time.perf_counter() - started)
+
+
+def forget_apps(app_dirs: list[Path]) -> None:
+    """Take the modules loaded from ``app_dirs`` out of ``sys.modules`` and the directories out of
+    ``sys.path``, so that the next app's modules of the same names are imported from its own
+    directory. The ClientApps already loaded keep working: their functions hold their modules."""
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if origin and any(Path(origin).absolute().is_relative_to(d) for d in app_dirs):
+            del sys.modules[name]
+    sys.path[:] = [entry for entry in sys.path if not entry or Path(entry).absolute() not in app_dirs]
 
 
 def pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:

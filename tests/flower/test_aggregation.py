@@ -29,13 +29,15 @@ def apps(module=workload.make_module, datamodule=workload.make_datamodule) -> Fl
     return FlowerApps(strategy, module, datamodule, num_rounds=ROUNDS, collect_client_state=True)
 
 
-def poisoning(poison, nodes=(NODE_B,), first_round: int = 1):
-    """Wrap the ClientApp: the train replies of ``nodes`` from ``first_round`` on go through ``poison``."""
+def poisoning(poison, nodes=(NODE_B,), first_round: int = 1, last_round: int = 10**6):
+    """Wrap the ClientApp: the train replies of ``nodes`` in rounds ``first_round`` to
+    ``last_round`` go through ``poison``."""
 
     def wrap(app):
         def run(message, context):
             reply = app(message, context)
-            late = message.metadata.message_type == "train" and int(message.metadata.group_id) >= first_round
+            train = message.metadata.message_type == "train"
+            late = train and first_round <= int(message.metadata.group_id) <= last_round
             if late and context.node_id in nodes and not reply.has_error():
                 sections = records.unpack(reply.content)
                 poison(sections)

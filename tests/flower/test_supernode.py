@@ -54,3 +54,26 @@ def test_a_poll_interval_of_zero_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         parse(["--poll-interval", "0"])
     assert "--poll-interval must be > 0" in capsys.readouterr().err
+
+
+def test_an_app_loaded_after_another_of_the_same_module_name_runs_its_own_code(tmp_path, monkeypatch):
+    """Flower's loader reuses a module already imported: ``forget_apps`` drops the modules (and the
+    sys.path entries) of the apps loaded before, so a node serves each FAB its own code."""
+    import importlib
+    import sys
+
+    from lightning_fedcluster.flower.supernode import forget_apps
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for directory, width in ((first, 128), (second, 32)):
+        directory.mkdir()
+        (directory / "fedcluster_fault_app.py").write_text(f"WIDTH = {width}\n")
+    monkeypatch.setattr(sys, "path", [str(first), *sys.path])
+    assert importlib.import_module("fedcluster_fault_app").WIDTH == 128
+    loaded = sys.modules["fedcluster_fault_app"]
+    forget_apps([first.absolute()])
+    assert "fedcluster_fault_app" not in sys.modules and str(first) not in sys.path
+    sys.path.insert(0, str(second))
+    assert importlib.import_module("fedcluster_fault_app").WIDTH == 32
+    assert loaded.WIDTH == 128, "the app loaded before keeps its own module"
+    del sys.modules["fedcluster_fault_app"]
