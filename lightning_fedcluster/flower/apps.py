@@ -86,6 +86,7 @@ class FlowerApps:
         self.checkpoint_path, self.checkpoint_every, self.resume = checkpoint_path, checkpoint_every, resume
         self.result: Any = None  # the trained ClusteredModule, once the ServerApp has run here
         self.server: FlowerServer | None = None  # the last run's server (metrics, round times)
+        self.error: BaseException | None = None  # what stopped the last run's ServerApp here
 
     def _strategy(self) -> Any:
         from lightning_fedcluster.strategies.federated import FederatedStrategy
@@ -115,7 +116,11 @@ class FlowerApps:
             resume=bool(config.get("resume", self.resume)),
         )
         self.server = server
-        self.result = server.run(grid)
+        try:
+            self.result = server.run(grid)
+        except BaseException as error:  # Flower's runtime logs it; simulate() raises it again
+            self.error = error
+            raise
         return self.result
 
     def server_app(self) -> ServerApp:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 from lightning_fedcluster.arguments import check_positive_int
 from lightning_fedcluster.flower.apps import FlowerApps
+from lightning_fedcluster.flower.ray_network import ray_on_loopback
 
 
 def simulate(
@@ -20,6 +22,7 @@ def simulate(
     num_cpus: int | None = None,
     eval_every: int | None = None,
     save_path: str | None = None,
+    ray_on_all_interfaces: bool = False,
 ) -> Any:
     """Train ``module`` with ``strategy`` for ``num_rounds`` rounds on ``num_supernodes`` simulated
     Flower nodes, each holding one block of the datamodule's clients, and return the trained
@@ -31,6 +34,8 @@ def simulate(
     (``val/local_acc`` in the round metrics and ``log_dir``), as ``FlowerApps``.
     ``save_path``: the server saves the run there after the last round, every client's state
     included (``load_run`` loads it back).
+    ``ray_on_all_interfaces``: Ray's own default, its servers listening on every network
+    interface; by default they listen on 127.0.0.1 only (``ray_network.py``).
 
     Test or predict with the returned module under the same strategy:
     ``Trainer(strategy=strategy).test(module, datamodule=datamodule)``.
@@ -47,17 +52,25 @@ def simulate(
         strategy, module, datamodule, num_rounds=num_rounds, min_nodes=num_supernodes, log_dir=log_dir,
         collect_client_state=True, eval_every=eval_every, save_path=save_path,
     )  # fmt: skip
-    return simulate_apps(apps, num_supernodes, num_cpus=num_cpus)
+    return simulate_apps(apps, num_supernodes, num_cpus=num_cpus, ray_on_all_interfaces=ray_on_all_interfaces)
 
 
-def simulate_apps(apps: FlowerApps, num_supernodes: int, *, num_cpus: int | None = None) -> Any:
+def simulate_apps(
+    apps: FlowerApps, num_supernodes: int, *, num_cpus: int | None = None, ray_on_all_interfaces: bool = False
+) -> Any:
     """Run the ServerApp and ClientApp of ``apps`` in Flower's simulation runtime (Ray) on
-    ``num_supernodes`` nodes; the trained module (``apps.server`` keeps the run's metrics)."""
+    ``num_supernodes`` nodes, Ray on loopback unless ``ray_on_all_interfaces``; the trained module
+    (``apps.server`` keeps the run's metrics)."""
     init_args: dict[str, Any] = {"num_cpus": num_cpus or os.cpu_count() or 1, "log_to_driver": False}
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
-    run_in_simulation_runtime(apps.server_app(), apps.client_app(), num_supernodes, backend)
+    network = contextlib.nullcontext() if ray_on_all_interfaces else ray_on_loopback()
+    with network:
+        run_in_simulation_runtime(apps.server_app(), apps.client_app(), num_supernodes, backend)
     if apps.result is None:
-        raise RuntimeError("the Flower simulation ended before its ServerApp returned a model")
+        cause = "" if apps.error is None else f": {type(apps.error).__name__}: {apps.error}"
+        raise RuntimeError(
+            f"the Flower simulation ended before its ServerApp returned a model{cause}"
+        ) from apps.error
     return apps.result
 
 

@@ -273,8 +273,14 @@ def main(argv: list[str]) -> None:
         root_certificates = open(ca, "rb").read() if ca else None  # noqa: SIM115 - read at once
     from lightning_fedcluster.flower.pacing import quick
     from lightning_fedcluster.flower.reporting import console_logging
+    from lightning_fedcluster.flower.supernode_checks import explain_activation_failures, watch_tls
 
     console_logging()
+    watch_tls(flower_args.superlink, insecure=bool(flower_args.insecure))
+    explain_activation_failures(
+        importlib.import_module("flwr.supernode.fleet_http_connection"),
+        flower_args.auth_supernode_private_key,
+    )
     pace = Pace(ours.poll_interval, ours.busy_window)
     start_client_internal.time = pace.clock()  # Flower's fixed 3 s / 0.5 s waits, while busy
     start_client_internal.pull_objects = quick()  # the message's objects from the SuperLink

@@ -146,6 +146,7 @@ def test_the_guides_deployment_runs_with_tls_and_authenticated_supernodes(tmp_pa
         refused = terminals.start("stranger", stranger, app)
         assert refused.wait(timeout=300) != 0, terminals.log("stranger")
         assert "Failed to activate SuperNode" in terminals.log("stranger"), terminals.log("stranger")
+        assert "it is not registered there" in terminals.log("stranger"), terminals.log("stranger")
         assert terminals.log("superlink").count("Activated node_id") == 2
     finally:
         terminals.stop()

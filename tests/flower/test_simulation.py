@@ -58,3 +58,16 @@ def test_a_real_simulation_prints_no_deprecation() -> None:
     assert module.round_metrics["train/clients"] > 0
     assert lines.lines, "Flower's log was not captured"
     assert not [line for line in lines.lines if "DEPRECATED" in line], lines.lines
+
+
+@pytest.mark.slow
+def test_a_simulation_whose_rounds_train_no_client_fails_naming_the_cause() -> None:
+    """Every reply is rejected (a norm bound no update meets): the ServerApp stops at round 1 and
+    simulate raises with its reason instead of returning untrained weights."""
+    import lightning_fedcluster as lf
+
+    with pytest.raises(RuntimeError, match="NoClientsError: round 0 trained no client"):
+        simulate(
+            lf.FedAvgStrategy(local_steps=2, max_update_norm=1e-9), workload.make_module(),
+            workload.make_datamodule(), num_rounds=2, num_supernodes=2, num_cpus=1,
+        )  # fmt: skip
