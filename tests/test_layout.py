@@ -17,6 +17,7 @@ CROSS_CUTTING = {
     "tests/test_examples.py": "the configurations in examples/, run through the CLI",
     "tests/flower/test_new_algorithm.py": "the docs' one-file algorithm on Flower's grid",
     "tests/flower/test_docs_deployment.py": "the docs' deployment text, run verbatim on localhost",
+    "tests/flower/test_deployment_faults.py": "the fault suite: a localhost deployment killed and poisoned",
 }
 CROSS_CUTTING_FOLDERS = {
     "tests/docs": "the documentation site: its pages, links and commands",

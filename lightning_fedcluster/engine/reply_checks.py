@@ -36,11 +36,13 @@ class ReplyLimits:
 
 
 def difference_norm(local: Sequence[Tensor], reference: Sequence[Tensor]) -> float:
-    """‖local − reference‖₂ over all the tensors, in float64 (as the round's sums take it)."""
-    total = torch.zeros((), dtype=torch.float64)
+    """‖local − reference‖₂ over all the tensors: each tensor's norm in its own dtype (one
+    difference tensor at a time), their squares summed in float64 (a bound check, not a sum the
+    weights depend on)."""
+    total = 0.0
     for new, old in zip(local, reference, strict=True):
-        total += (new.detach() - old).to(torch.float64).square().sum().cpu()
-    return float(total.sqrt())
+        total += float(torch.linalg.vector_norm(new.detach() - old)) ** 2
+    return total**0.5
 
 
 def tensors_norm(tensors: Sequence[Tensor]) -> float:
