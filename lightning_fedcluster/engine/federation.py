@@ -108,8 +108,8 @@ def check_sums(round_state: RoundState) -> None:
     tensors = [t for deltas in round_state.delta_sum for t in deltas] + list(round_state.delta_shared)
     if not all(bool(torch.isfinite(t).all()) for t in [*tensors, round_state.report.flat]):
         raise FloatingPointError(
-            f"round {round_state.round_index}: the round's summed updates are not finite after the reduction "
-            "over processes; no process may skip the reply checks (engine/reply_checks.py)"
+            f"round {round_state.round_index + 1}: the round's summed updates are not finite after the "
+            "reduction over processes; no process may skip the reply checks (engine/reply_checks.py)"
         )
 
 
@@ -219,7 +219,7 @@ class RoundDriver:
         applied = accepted >= self.plan.min_clients_per_round
         if accepted == 0:
             raise NoClientsError(
-                f"round {round_state.round_index} trained no client: of its {len(round_state.clients)} "
+                f"round {round_state.round_index + 1} trained no client: of its {len(round_state.clients)} "
                 f"clients, {rejected} sent replies that were rejected and the others' never came (see the "
                 "warnings above); the run stops rather than count a round without training"
             )
@@ -230,8 +230,8 @@ class RoundDriver:
             self.apply(rule.after_round(state, outcome), round_state.global_clusters)
         else:
             self.warn(
-                f"round {round_state.round_index} is not applied: {accepted} client(s) accepted, fewer than "
-                f"min_clients_per_round={self.plan.min_clients_per_round} ({rejected} rejected); the "
+                f"round {round_state.round_index + 1} is not applied: {accepted} client(s) accepted, fewer "
+                f"than min_clients_per_round={self.plan.min_clients_per_round} ({rejected} rejected); the "
                 "models stay as they were"
             )
         self.state.copies.load((round_state.global_clusters, round_state.global_shared))

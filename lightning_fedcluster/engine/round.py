@@ -113,11 +113,12 @@ class RoundState:
         return accepted
 
     def reject(self, slots: Sequence[int], sender: str, problems: Sequence[str]) -> None:
-        """Count the clients in ``slots`` as rejected: ``sender``'s reply failed ``problems``."""
+        """Count the clients in ``slots`` as rejected: ``sender``'s reply failed ``problems`` (the
+        message names the round 1-based, as the progress lines do)."""
         for slot in slots:
             self.report["rejected"][slot] = 1.0
         self.rejections.append(
-            f"round {self.round_index}: the reply of {sender} is rejected and left out of the round: "
+            f"round {self.round_index + 1}: the reply of {sender} is rejected and left out of the round: "
             + "; ".join(problems)
         )
 

@@ -128,7 +128,7 @@ def test_the_rejected_clients_are_saved_with_the_run(tmp_path, task_identity):
 
 
 def test_a_round_in_which_every_reply_is_rejected_stops_the_run(task_identity):
-    with pytest.raises(NoClientsError, match="round 1 trained no client"):
+    with pytest.raises(NoClientsError, match="round 2 trained no client"):
         run_local(apps(), partitions(2), replies=poisoning(nan_update, nodes=(100, 101)))
 
 
