@@ -6,7 +6,6 @@ from typing import Any
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_fedcluster.strategies.cfl import CFLStrategy
-from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
 from lightning_fedcluster.strategies.dfedem import DFedEMStrategy
 from lightning_fedcluster.strategies.federated import FederatedStrategy
 from lightning_fedcluster.strategies.fedprox import FedAvgStrategy, FedProxStrategy
@@ -57,6 +56,5 @@ __all__ = [
     "FeSEMStrategy",
     "FederatedStrategy",
     "IFCAStrategy",
-    "VerifiedCheckpointIO",
     "WeCFLStrategy",
 ]
