@@ -54,7 +54,17 @@ class TerminateAfterRound(pl.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def test_sigterm_stops_the_fit_with_status_143_and_the_last_round_resumes_exactly(tmp_path):
+@pytest.fixture
+def default_sigterm():
+    """The process's default SIGTERM disposition during the test: Lightning chains a handler it
+    finds installed (Flower's simulation leaves its own, which exits with status 15), and a fresh
+    `fedcluster fit` process has none."""
+    saved = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, saved)
+
+
+def test_sigterm_stops_the_fit_with_status_143_and_the_last_round_resumes_exactly(tmp_path, default_sigterm):
     saver = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_on_train_epoch_end=True)
     stopped = make_trainer(
         strategy(), max_epochs=4, limit_val_batches=0, enable_checkpointing=True,
