@@ -51,7 +51,12 @@ from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.runtime import ClientRuntime
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
-from lightning_fedcluster.engine.setup_checks import check_output_shape, check_training_setup, warn_before_fit
+from lightning_fedcluster.engine.setup_checks import (
+    check_output_shape,
+    check_rule_on_model,
+    check_training_setup,
+    warn_before_fit,
+)
 from lightning_fedcluster.engine.step_count import count_steps
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
@@ -192,6 +197,7 @@ class ClusteredModule(
                 "datamodule is a regression task: use FedEMStrategy (FedRC without C) for regression"
             )
         strategy.check_datamodule(datamodule)
+        check_rule_on_model(self.rule, self.models[0])
         check_output_shape(self.models[0], datamodule, self.task, self.logits_from)
         sample = datamodule.train_split(0)[0][:2].to(next(self.models[0].parameters()).device)
         self.pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size)

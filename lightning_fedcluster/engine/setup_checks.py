@@ -46,6 +46,14 @@ def check_training_setup(strategy: Any, datamodule: Any, num_clusters: int, data
         )
 
 
+def check_rule_on_model(rule: Any, model: nn.Module) -> None:
+    """The rule's options that name the model's parameters (FeSEM/WeCFL's
+    ``representation_layers``) must match some: checked where the cluster models exist (the
+    Lightning module's setup, the Flower server), never through a strategy, which under
+    ``simulate`` holds no module."""
+    rule.representation_mask([name for name, _ in model.named_parameters()])
+
+
 def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from: LogitsFrom = None) -> None:
     """``model.forward`` (read through ``logits_from``) must give logits [batch, num_classes] (or
     predictions shaped like the targets, regression) for this datamodule; probabilities warn. Runs

@@ -12,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from lightning_fedcluster.arguments import check_positive_int, int_arg
 from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.setup_checks import check_rule_on_model
 from lightning_fedcluster.flower.node import NodeFactory, NodeRuntime, built
 from lightning_fedcluster.flower.plan import check_supported, clustered_module, flower_optimizer, plan_of
 from lightning_fedcluster.flower.server import FlowerServer
@@ -100,6 +101,7 @@ class FlowerApps:
         timeout = config.get("round-timeout", self.round_timeout)
         module = clustered_module(strategy, built(self.module))
         flower_optimizer(module.models)  # a module without a usable local solver fails here
+        check_rule_on_model(strategy.algorithm, module.models[0])
         server = FlowerServer(
             strategy,
             module,

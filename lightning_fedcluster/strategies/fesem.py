@@ -33,12 +33,6 @@ class FeSEMStrategy(FederatedStrategy):
     def algorithm(self) -> Algorithm:
         return self._rule
 
-    def check_datamodule(self, datamodule: Any) -> None:
-        """Reject ``representation_layers`` that match no parameter before training starts."""
-        super().check_datamodule(datamodule)
-        names = [name for name, _ in self.lightning_module.models[0].named_parameters()]
-        self._rule.representation_mask(names)
-
 
 class WeCFLStrategy(FeSEMStrategy):
     """WeCFL (Ma, Long et al. 2022): FeSEM with members weighted by their data size N_i."""

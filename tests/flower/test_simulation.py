@@ -71,3 +71,36 @@ def test_a_simulation_whose_rounds_train_no_client_fails_naming_the_cause() -> N
             lf.FedAvgStrategy(local_steps=2, max_update_norm=1e-9), workload.make_module(),
             workload.make_datamodule(), num_rounds=2, num_supernodes=2, num_cpus=1,
         )  # fmt: skip
+
+
+def _simulate_on_local_grid(monkeypatch) -> None:
+    """``simulate`` as written, with the apps run on the in-process grid instead of Ray."""
+    from tests.flower.local_grid import partitions, run_local
+
+    def local(apps, num_supernodes, **runtime_options):
+        run_local(apps, partitions(num_supernodes))
+        return apps.result
+
+    monkeypatch.setattr(simulation, "simulate_apps", local)
+
+
+@pytest.mark.parametrize("name", ["fesem", "wecfl"])
+def test_simulate_runs_fesem_and_wecfl(monkeypatch, task_identity, name) -> None:
+    """FeSEM/WeCFL's check of ``representation_layers`` needs the cluster models, which a strategy
+    under ``simulate`` does not hold (it read ``strategy.lightning_module.models``: None)."""
+    _simulate_on_local_grid(monkeypatch)
+    module = simulate(
+        workload.STRATEGIES[name](), workload.make_module(), workload.make_datamodule(),
+        num_rounds=2, num_supernodes=2,
+    )  # fmt: skip
+    assert module.round_metrics["train/clients"] > 0
+    assert float(module.client_state.extra["centres_ready"]) == 1.0  # the server's K-means start ran
+
+
+def test_simulate_refuses_bad_representation_layers_before_any_round(monkeypatch, task_identity) -> None:
+    import lightning_fedcluster as lf
+
+    _simulate_on_local_grid(monkeypatch)
+    strategy = lf.FeSEMStrategy(2, representation_layers=("trunk",), local_steps=1, executor="loop")
+    with pytest.raises(ValueError, match="representation_layers=\\('trunk',\\) matches no parameter"):
+        simulate(strategy, workload.make_module(), workload.make_datamodule(), num_rounds=1, num_supernodes=2)
