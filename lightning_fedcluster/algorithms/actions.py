@@ -2,7 +2,8 @@
 Each action applies itself (``action.apply(target)``) to an ``ActionTarget``: the server's
 client store, the global cluster models and two callbacks, so the engine runs a rule's actions
 without knowing them and a new kind of server decision (a merge, a split) is one class here.
-Rules never touch models; the engine never names an algorithm."""
+An action that replaces a cluster's model derives from ``ReplaceModel``, which restarts that
+cluster's server-optimizer state. Rules never touch models; the engine never names an algorithm."""
 
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ def copy_model(target: ActionTarget, source: int, destination: int) -> None:
     with torch.no_grad():
         for t, g in zip(clusters[destination], clusters[source], strict=True):
             t.copy_(g)
-    target.model_replaced(destination)
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,34 @@ class ServerAction:
         raise NotImplementedError
 
 
+class ReplaceModel(ServerAction):
+    """A decision that replaces cluster ``replaced``'s global model rather than updating it (a new
+    centre, a copy, a split). Subclasses write the new model (and whatever else they change) in
+    ``replace``; ``apply`` then always restarts that cluster's server-optimizer state, so the
+    momentum or Adam moments of the old model never move the new one. Subclasses override
+    ``replace``, never ``apply`` (refused when the class is defined)."""
+
+    @property
+    def replaced(self) -> int:
+        """The cluster whose model this action replaces."""
+        raise NotImplementedError
+
+    def replace(self, target: ActionTarget) -> None:
+        raise NotImplementedError
+
+    def apply(self, target: ActionTarget) -> None:
+        self.replace(target)
+        target.model_replaced(self.replaced)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "apply" in vars(cls):
+            raise TypeError(
+                f"{cls.__name__} overrides apply(); a ReplaceModel writes its model in replace(), and "
+                "apply() restarts the cluster's server-optimizer state after it"
+            )
+
+
 @dataclass(frozen=True)
 class RemoveClusters(ServerAction):
     """Mark the clusters in ``mask`` [K] dead and renormalise ω over the rest (adaptive K), and
@@ -85,19 +113,23 @@ class RemoveClusters(ServerAction):
 
 
 @dataclass(frozen=True)
-class CopyCluster(ServerAction):
+class CopyCluster(ReplaceModel):
     """Cluster ``target`` becomes alive with a copy of cluster ``source``'s global model (a split)."""
 
     target: int
     source: int
 
-    def apply(self, target: ActionTarget) -> None:
+    @property
+    def replaced(self) -> int:
+        return self.target
+
+    def replace(self, target: ActionTarget) -> None:
         target.client_state.active[self.target] = True
         copy_model(target, self.source, self.target)
 
 
 @dataclass(frozen=True)
-class SplitCluster(ServerAction):
+class SplitCluster(ReplaceModel):
     """Cluster ``target`` restarts as a copy of cluster ``source``'s global model and takes the
     fraction ``to_target`` [n] of each of ``clients`` [n]'s ω and label-sum mass on ``source``;
     every client's local-optimizer state for ``target`` restarts (a dead cluster re-seeded)."""
@@ -108,19 +140,27 @@ class SplitCluster(ServerAction):
     to_target: Tensor
     rewrites = ("omega", "label_sums", "optimizer")
 
-    def apply(self, target: ActionTarget) -> None:
+    @property
+    def replaced(self) -> int:
+        return self.target
+
+    def replace(self, target: ActionTarget) -> None:
         target.client_state.split_cluster(self.source, self.target, self.clients, self.to_target)
         copy_model(target, self.source, self.target)
 
 
 @dataclass(frozen=True)
-class SetCentre(ServerAction):
+class SetCentre(ReplaceModel):
     """Cluster ``cluster``'s global model becomes the flat ``vector`` (e.g. a K-means centre)."""
 
     cluster: int
     vector: Tensor
 
-    def apply(self, target: ActionTarget) -> None:
+    @property
+    def replaced(self) -> int:
+        return self.cluster
+
+    def replace(self, target: ActionTarget) -> None:
         write_flat_into(target.global_clusters[self.cluster], self.vector)
 
 

@@ -39,3 +39,16 @@ def test_bad_representation_layers_and_graph_density_fail_before_training(digits
         DFedEMStrategy(3, edge_probability=1.5)
     with pytest.raises(ValueError, match="clients_per_round"):
         DFedEMStrategy(3, clients_per_round=4)
+
+
+def test_centres_set_by_the_server_start_without_the_old_models_momentum(digits):
+    """The first round's server step (FedAvgM) fills cluster 0's velocity; the K-means start then
+    replaces every centre, so no velocity of the old models may survive into round 1."""
+    strategy = FeSEMStrategy(3, clients_per_round=6, local_steps=2, server_optimizer="momentum")
+    trainer = make_trainer(strategy, max_epochs=1, limit_val_batches=0)
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    module = trainer.lightning_module
+    assert float(module.client_state.extra["centres_ready"]) == 1.0
+    assert module.server_optimizer is not None
+    left = [key for key in module.server_optimizer.state if key.startswith("cluster")]
+    assert left == [], left
