@@ -15,6 +15,23 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.server_view import RoundOutcome
+
+__all__ = [
+    "ActionTarget",
+    "CopyCluster",
+    "Note",
+    "Reassign",
+    "RemoveClusters",
+    "ReplaceModel",
+    "RoundOutcome",
+    "ServerAction",
+    "SetCentre",
+    "SetState",
+    "SplitCluster",
+    "copy_model",
+    "write_flat_into",
+]
 
 
 class ActionTarget(Protocol):
@@ -46,20 +63,6 @@ def copy_model(target: ActionTarget, source: int, destination: int) -> None:
     with torch.no_grad():
         for t, g in zip(clusters[destination], clusters[source], strict=True):
             t.copy_(g)
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """What the server knows after a round's aggregation: the clients that reported [n], their
-    reported ω [n, K], their training sizes [n], every client's training size [M] and, when the
-    rule asked for them (``Algorithm.round_vectors``), one flat float32 vector per client [n, P]."""
-
-    round_index: int
-    clients: Tensor
-    omega: Tensor
-    sizes: Tensor
-    train_sizes: Tensor
-    vectors: Tensor | None = None
 
 
 class ServerAction:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import RoundOutcome, ServerAction
+from lightning_fedcluster.algorithms.actions import ServerAction
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import (
     hard_weights,
@@ -31,6 +31,7 @@ from lightning_fedcluster.algorithms.mixture import (
     soft_e_step_rows,
 )
 from lightning_fedcluster.algorithms.seeds import derive_seed
+from lightning_fedcluster.algorithms.server_view import ServerView
 
 
 @dataclass(frozen=True)
@@ -271,8 +272,10 @@ class Algorithm:
         "update" (that copy minus its global model), or None."""
         return "personal" if self.capabilities.personal_models else None
 
-    def after_round(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
-        """Structural server decisions after aggregation (removal, centres, splits) as actions."""
+    def after_round(self, server: ServerView) -> list[ServerAction]:
+        """Structural server decisions after aggregation (removal, centres, splits, merges) as
+        actions, from a read-only view of the server: the round's outcome, the client store and
+        the global cluster models (``algorithms/server_view.py``)."""
         return []
 
     def after_estimation(self, state: ClientState, estimates: Tensor, round_index: int) -> list[ServerAction]:

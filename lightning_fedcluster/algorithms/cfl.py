@@ -14,10 +14,11 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import CopyCluster, Note, Reassign, RoundOutcome, ServerAction
+from lightning_fedcluster.algorithms.actions import CopyCluster, Note, Reassign, ServerAction
 from lightning_fedcluster.algorithms.assignment import assignment_report
 from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, HardAssignment, LocalPlan
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.server_view import ServerView
 
 
 def cosine_similarity_matrix(updates: Tensor) -> Tensor:
@@ -75,13 +76,16 @@ class CFL(HardAssignment):
     def round_vectors(self, state: ClientState | None) -> str | None:
         return "update"
 
-    def after_round(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
+    def after_round(self, server: ServerView) -> list[ServerAction]:
         """Split every cluster whose members' updates meet the ε1/ε2 rule (a new cluster starts as
         a copy of its parent; the second group of the bi-partition moves to it)."""
+        outcome = server.outcome
         assert outcome.vectors is not None
         actions: list[ServerAction] = []
         clusters = outcome.omega.argmax(1)
-        for parent, child, moving in self.plan_splits(clusters, outcome.vectors, outcome.sizes, state.active):
+        for parent, child, moving in self.plan_splits(
+            clusters, outcome.vectors, outcome.sizes, server.active
+        ):
             movers = outcome.clients[moving]
             omega = torch.zeros(len(movers), self.num_clusters, dtype=torch.float64)
             omega[:, child] = 1.0

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import Note, RemoveClusters, RoundOutcome, ServerAction
+from lightning_fedcluster.algorithms.actions import Note, RemoveClusters, ServerAction
 from lightning_fedcluster.algorithms.base import (
     Algorithm,
     Capabilities,
@@ -27,6 +27,7 @@ from lightning_fedcluster.algorithms.base import (
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
 from lightning_fedcluster.algorithms.reseed import cluster_shares, reseed_split
+from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOutcome, ServerView
 
 # FedRC-Adam defaults (App. H.3).
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
@@ -108,14 +109,15 @@ class FedRC(Algorithm):
     def client_reported_state(self) -> tuple[str, ...]:
         return ("gamma", "adam_m", "adam_v", "adam_steps") if self.adam_gamma else ()
 
-    def clusters_to_remove(self, state: ClientState, sizes: Tensor) -> Tensor | None:
+    def clusters_to_remove(self, state: ClientState | ClientStoreView, sizes: Tensor) -> Tensor | None:
         if self.removal_threshold is None:
             return None
         return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.removal_threshold)
 
-    def after_round(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
+    def after_round(self, server: ServerView) -> list[ServerAction]:
         """Adaptive K (App. F): remove the clusters whose share of γ fell below the threshold; or,
         with ``reseed_threshold``, re-seed a dead cluster from the largest one."""
+        state, outcome = server.client_state, server.outcome
         if self.reseed_threshold is not None:
             return self._reseed(state, outcome)
         remove = self.clusters_to_remove(state, outcome.train_sizes)
@@ -130,7 +132,7 @@ class FedRC(Algorithm):
             ),
         ]
 
-    def _reseed(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
+    def _reseed(self, state: ClientStoreView, outcome: RoundOutcome) -> list[ServerAction]:
         assert self.reseed_threshold is not None
         split = reseed_split(
             state.omega,

@@ -15,7 +15,6 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import (
     Note,
     Reassign,
-    RoundOutcome,
     ServerAction,
     SetCentre,
     SetState,
@@ -34,6 +33,7 @@ from lightning_fedcluster.algorithms.base import (
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.seeds import FESEM_CENTRES, FESEM_INITIAL_ASSIGNMENT, derive_seed
+from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
 
 
 def initial_assignment(seed: int, client: int, active: Tensor) -> int:
@@ -84,14 +84,15 @@ class FeSEM(HardAssignment):
     def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
         return {"centres_ready": torch.tensor(0.0)}
 
-    def round_vectors(self, state: ClientState | None) -> str | None:
+    def round_vectors(self, state: ClientState | ClientStoreView | None) -> str | None:
         """The round's locally trained models, until the centres are initialised from them."""
         ready = state is None or bool(state.extra.get("centres_ready", torch.tensor(1.0)))
         return None if ready else "model"
 
-    def after_round(self, state: ClientState, outcome: RoundOutcome) -> list[ServerAction]:
+    def after_round(self, server: ServerView) -> list[ServerAction]:
         """K-means initialisation from the round's local models (the first round): the picked
         models become the centres and every client joins the nearest."""
+        state, outcome = server.client_state, server.outcome
         if outcome.vectors is None or self.round_vectors(state) is None:
             return []
         centres, assignment = self.initial_centres(outcome.vectors, outcome.round_index, state.active)

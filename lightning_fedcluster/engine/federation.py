@@ -23,6 +23,7 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import ServerAction
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.server_view import ServerView
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.plan import TrainingPlan
@@ -227,7 +228,8 @@ class RoundDriver:
             round_state.apply(self.plan.server_lr, self.state.server_optimizer)
             server.record_round(rule, state, round_state, self.clients.offsets)
             outcome = server.round_outcome(round_state, self.clients.train_sizes)
-            self.apply(rule.after_round(state, outcome), round_state.global_clusters)
+            view = ServerView(outcome, state, round_state.global_clusters)
+            self.apply(rule.after_round(view), round_state.global_clusters)
         else:
             self.warn(
                 f"round {round_state.round_index + 1} is not applied: {accepted} client(s) accepted, fewer "

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import RoundOutcome
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.server_view import RoundOutcome
 from lightning_fedcluster.engine.optimizer_state import store_state
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.task import Task

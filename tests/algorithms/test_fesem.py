@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from lightning_fedcluster.algorithms import FeSEM, initial_assignment
-from lightning_fedcluster.algorithms.actions import Reassign, RoundOutcome, SetCentre, SetState
+from lightning_fedcluster.algorithms.actions import Reassign, SetCentre, SetState
 from lightning_fedcluster.algorithms.base import Contribution
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
 from tests.helpers.algorithms import ctx, t
 
 # --- FeSEM / WeCFL ------------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ def test_fesem_kmeans_initialisation_from_local_models():
     # As server actions: the picked models become the centres, every client its nearest, ready.
     clients = torch.tensor([10, 11, 12, 13])
     outcome = RoundOutcome(0, clients, t([[1.0, 0.0]] * 4), torch.ones(4), torch.ones(14), vectors)
-    actions = rule.after_round(state, outcome)
+    actions = rule.after_round(ServerView(outcome, state, []))
     set_centres = {a.cluster: a.vector.tolist() for a in actions if isinstance(a, SetCentre)}
     assert set_centres == {k: vectors[r].tolist() for k, r in centres.items()}
     (moved,) = [a for a in actions if isinstance(a, Reassign)]

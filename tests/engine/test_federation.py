@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.algorithms.actions import CopyCluster, Note, Reassign, RemoveClusters
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.datamodules import DigitsFederated
@@ -154,3 +155,33 @@ def test_removing_a_cluster_renormalises_the_rules_per_sample_mixtures_only():
     assert torch.equal(store.extra["adam_m"], torch.full((40, 3), 0.5, dtype=torch.float64))
     torch.testing.assert_close(store.omega[:, :2], torch.full((4, 2), 0.5, dtype=torch.float64))
     assert store.active.tolist() == [True, True, False]
+
+
+class SeeingFedRC(FedRC):
+    """FedRC whose server hook records what it sees of the server."""
+
+    def __init__(self, num_clusters: int) -> None:
+        super().__init__(num_clusters)
+        self.seen: list[tuple[int, list[torch.Tensor], torch.Tensor, torch.Tensor]] = []
+
+    def after_round(self, server):
+        vectors = [server.cluster_vector(k) for k in range(server.num_clusters)]
+        self.seen.append((server.round_index, vectors, server.client_state.omega, server.outcome.clients))
+        return super().after_round(server)
+
+
+def test_the_rules_server_hook_sees_the_aggregated_models_and_the_updated_store():
+    rule = SeeingFedRC(2)
+    strategy = lf.FederatedStrategy(algorithm=rule, local_steps=2, clients_per_round=4, executor="loop")
+    trainer = make_trainer(strategy, max_epochs=2)
+    trainer.fit(MLPClassifier(lr=0.05), datamodule=_datamodule())
+    module = trainer.lightning_module
+    assert [entry[0] for entry in rule.seen] == [0, 1]
+    round_index, vectors, omega, clients = rule.seen[-1]
+    for k in range(2):  # the last round's view shows the models the fit ended with
+        expected = torch.cat([t.detach().flatten().double() for t in module.cluster_tensors(k)])
+        assert torch.equal(vectors[k], expected)
+    assert torch.equal(omega, module.client_state.omega)
+    assert clients.numel() == 4
+    first = rule.seen[0][1]
+    assert not torch.equal(first[0], vectors[0])  # each round's view is that round's aggregate
