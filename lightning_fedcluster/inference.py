@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.protocols import label_statistics
 from lightning_fedcluster.engine.evaluation import (
     mixture_prediction,
     personal_prediction,
@@ -136,7 +137,7 @@ class NewClients:
 
     def current_label_stats(self: TrainingHost) -> Tensor | None:
         assert self.client_state is not None
-        stats = self.rule.log_label_stats(self.client_state)
+        stats = label_statistics(self.rule, self.client_state)
         return None if stats is None else stats.to(self.device)
 
     def _trained_state(self: TrainingHost) -> ClientState:

@@ -1,32 +1,67 @@
 """Pure tensor math of the algorithms: E-steps, weights, aggregation, client state, server actions.
 
 One module per algorithm's rules: :mod:`.fedrc` (FedRC, FedEM), :mod:`.dfedem`, :mod:`.fedsoft`,
-:mod:`.ifca`, :mod:`.fesem` (FeSEM, WeCFL), :mod:`.cfl`, :mod:`.fedprox` (FedProx, FedAvg); the
-contract they implement is in :mod:`.base`. Shared by all: server optimizers
-(:mod:`.server_optimizer`); FedRC's optional re-seeding of dead clusters is :mod:`.reseed`.
+:mod:`.ifca`, :mod:`.fesem` (FeSEM, WeCFL), :mod:`.cfl`, :mod:`.fedprox` (FedProx, FedAvg). The
+contract they implement: :mod:`.base` (``ClientRule``, ``ServerRule``, ``Algorithm``), the optional
+protocols in :mod:`.protocols`, what the server hooks see (:mod:`.server_view`) and return
+(:mod:`.actions`), and the client store with its declared entries (:mod:`.client_state`). Shared
+by all: server optimizers (:mod:`.server_optimizer`); FedRC's optional re-seeding of dead clusters
+is :mod:`.reseed`.
 """
 
-from lightning_fedcluster.algorithms.base import Algorithm, ClientReport, HardAssignment
+from lightning_fedcluster.algorithms.base import (
+    Algorithm,
+    ClientReport,
+    ClientRule,
+    HardAssignment,
+    ServerRule,
+    SoftMixture,
+)
 from lightning_fedcluster.algorithms.cfl import CFL
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
 from lightning_fedcluster.algorithms.dfedem import DFedEM
 from lightning_fedcluster.algorithms.fedprox import FedProx
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.fedsoft import FedSoft
 from lightning_fedcluster.algorithms.fesem import FeSEM, initial_assignment
 from lightning_fedcluster.algorithms.ifca import IFCA
+from lightning_fedcluster.algorithms.protocols import (
+    Capabilities,
+    Estimation,
+    LabelStatistics,
+    ModelDistances,
+    PersonalMixing,
+    PersonalModels,
+    ServerSelection,
+)
+from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOutcome, ServerView
 
 __all__ = [
     "CFL",
     "IFCA",
     "Algorithm",
+    "Capabilities",
     "ClientReport",
+    "ClientRule",
     "ClientState",
+    "ClientStoreView",
     "DFedEM",
+    "Estimation",
     "FeSEM",
     "FedProx",
     "FedRC",
     "FedSoft",
     "HardAssignment",
+    "LabelStatistics",
+    "ModelDistances",
+    "PersonalMixing",
+    "PersonalModels",
+    "RoundOutcome",
+    "Scope",
+    "ServerRule",
+    "ServerSelection",
+    "ServerView",
+    "SoftMixture",
+    "StateEntry",
     "initial_assignment",
 ]

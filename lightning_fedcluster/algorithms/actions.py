@@ -182,7 +182,7 @@ class Reassign(ServerAction):
 
 @dataclass(frozen=True)
 class SetState(ServerAction):
-    """The rule's own client-store entry ``name`` (one of its ``initial_extra``) becomes ``value``."""
+    """The rule's own client-store entry ``name`` (one of its ``state_entries``) becomes ``value``."""
 
     name: str
     value: Tensor
@@ -195,7 +195,7 @@ class SetState(ServerAction):
         extra = target.client_state.extra
         if self.name not in extra:
             raise KeyError(
-                f"a server action set client-store entry '{self.name}', which the rule's initial_extra "
+                f"a server action set client-store entry '{self.name}', which the rule's state_entries "
                 f"does not declare ({sorted(extra)})"
             )
         extra[self.name] = self.value.to(extra[self.name].dtype).clone()

@@ -9,18 +9,73 @@ at a round boundary is exact.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 from torch import Tensor
+
+
+class Scope(str, Enum):
+    """What the rows of a client-store entry are: one per client [M, ...], one per training sample
+    [N, ...] (every client's samples, in the datamodule's order), one per cluster [K, ...], or one
+    value for the whole run (a scalar or a small tensor)."""
+
+    CLIENT = "client"
+    SAMPLE = "sample"
+    CLUSTER = "cluster"
+    SCALAR = "scalar"
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One algorithm-specific entry of the client store, declared once by its rule
+    (``Algorithm.state_entries``); the engine derives from it the store's initial tensor, what a
+    client's context holds, the round's report buffer, a Flower node's reply and the server's merge.
+
+    ``shape``: the shape of one row (CLIENT, SAMPLE, CLUSTER) or of the whole value (SCALAR).
+    ``initial``: the value every element starts at. ``reported``: clients write it during their
+    turn (``context.extra[name]``) and report it; otherwise only the server's actions
+    (``SetState``) change it and clients read it. ``mixture``: each row is a distribution over the
+    clusters (its last dimension), renormalised when clusters are removed (FedRC-Adam's γ).
+    """
+
+    name: str
+    scope: Scope
+    shape: tuple[int, ...] = ()
+    initial: float = 0.0
+    reported: bool = False
+    mixture: bool = False
+    dtype: torch.dtype = torch.float64
+
+    def full_shape(self, num_clients: int, num_samples: int, num_clusters: int) -> tuple[int, ...]:
+        rows = {
+            Scope.CLIENT: (num_clients,),
+            Scope.SAMPLE: (num_samples,),
+            Scope.CLUSTER: (num_clusters,),
+            Scope.SCALAR: (),
+        }[self.scope]
+        return (*rows, *self.shape)
+
+    def initial_value(self, num_clients: int, num_samples: int, num_clusters: int) -> Tensor:
+        shape = self.full_shape(num_clients, num_samples, num_clusters)
+        return torch.full(shape, self.initial, dtype=self.dtype)
+
+
+def initial_extras(
+    entries: Iterable[StateEntry], num_clients: int, num_samples: int, num_clusters: int
+) -> dict[str, Tensor]:
+    """The store's initial tensor of every declared entry."""
+    return {e.name: e.initial_value(num_clients, num_samples, num_clusters) for e in entries}
 
 
 @dataclass
 class ClientState:
     """ω [M, K] (mixture weights or one-hot assignments, float64), label_sums [M, C, K] (latest S_i
     reported by each client), seen [M] (reported at least once), active [K] (cluster alive),
-    extra {name: [M, ...] or [N_total, ...]}, personal {client: flat float32 model} and, with
+    extra {name: tensor} (the rule's own entries, each shaped by its declaration in ``entries``
+    {name: StateEntry}), personal {client: flat float32 model} and, with
     ``optimizer_state="persist"``, optimizer {client: flat local-optimizer state, in
     ``optimizer_dtype``; a dict, or a file-backed mapping with ``optimizer_state_dir``} with
     optimizer_started [M, K] (whether client i's state for copy k exists)."""
@@ -34,6 +89,7 @@ class ClientState:
     optimizer: MutableMapping[int, Tensor] = field(default_factory=dict)
     optimizer_started: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
     optimizer_dtype: torch.dtype = torch.float32
+    entries: dict[str, StateEntry] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.active.numel() != self.omega.shape[1]:
@@ -42,11 +98,23 @@ class ClientState:
             self.optimizer_started = torch.zeros(self.omega.shape, dtype=torch.bool)
 
     @classmethod
-    def initial(cls, num_clients: int, num_classes: int, num_clusters: int) -> ClientState:
+    def initial(
+        cls,
+        num_clients: int,
+        num_classes: int,
+        num_clusters: int,
+        entries: Iterable[StateEntry] = (),
+        num_samples: int = 0,
+    ) -> ClientState:
+        """ω uniform, no label sums, nobody seen, and the declared ``entries`` at their initial
+        values (per-sample entries with ``num_samples`` rows)."""
+        declared = {entry.name: entry for entry in entries}
         return cls(
             omega=torch.full((num_clients, num_clusters), 1.0 / num_clusters, dtype=torch.float64),
             label_sums=torch.zeros(num_clients, num_classes, num_clusters, dtype=torch.float64),
             seen=torch.zeros(num_clients, dtype=torch.bool),
+            extra=initial_extras(declared.values(), num_clients, num_samples, num_clusters),
+            entries=declared,
         )
 
     @property
@@ -65,15 +133,17 @@ class ClientState:
 
     def remove_clusters(self, remove: Tensor, renormalise: Sequence[str] = ()) -> None:
         """Drop clusters (adaptive K): mark them dead, zero their ω and label-sum columns and
-        renormalise every client's ω over the remaining clusters, and with it the per-sample
-        mixtures named in ``renormalise`` (extras [N, K] whose rows sum to 1, e.g. FedRC-Adam's γ)."""
+        renormalise every client's ω over the remaining clusters, and with it the entries declared
+        as mixtures (rows over the clusters that sum to 1, e.g. FedRC-Adam's γ) and any others
+        named in ``renormalise``."""
         keep = self.active & ~remove
         if not bool(keep.any()):
             raise ValueError("cannot remove every cluster: at least one must stay active")
         self.active = keep
         self.omega = _renormalise(self.omega * keep, keep)
         self.label_sums = self.label_sums * keep
-        for name in renormalise:
+        mixtures = [name for name, entry in self.entries.items() if entry.mixture]
+        for name in dict.fromkeys([*mixtures, *renormalise]):
             if name in self.extra:
                 self.extra[name] = _renormalise(self.extra[name] * keep, keep)
 

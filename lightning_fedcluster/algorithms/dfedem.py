@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.base import Algorithm, Capabilities, ClientContext, LocalPlan
+from lightning_fedcluster.algorithms.base import ClientContext, LocalPlan, SoftMixture
+from lightning_fedcluster.algorithms.protocols import PersonalMixing
 from lightning_fedcluster.algorithms.seeds import DFEDEM_GRAPH, derive_seed
 
 
@@ -41,10 +42,10 @@ def metropolis_weights(adjacency: Tensor) -> Tensor:
     return weights
 
 
-class DFedEM(Algorithm):
+class DFedEM(SoftMixture, PersonalMixing):
     """D-FedEM's rules. ``edge_probability`` and ``seed`` define the communication graph."""
 
-    capabilities = Capabilities(personal_models=True, personal_copies=0)  # all K models per client
+    personal_copies = 0  # every client keeps all K models
 
     def __init__(self, num_clusters: int, *, edge_probability: float = 0.2, seed: int = 0) -> None:
         super().__init__(num_clusters)

@@ -17,15 +17,15 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import Note, RemoveClusters, ServerAction
 from lightning_fedcluster.algorithms.base import (
-    Algorithm,
-    Capabilities,
     ClientContext,
     ClientReport,
     LocalPlan,
+    SoftMixture,
     soft_e_step_of_clients,
 )
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
+from lightning_fedcluster.algorithms.protocols import LabelStatistics
 from lightning_fedcluster.algorithms.reseed import cluster_shares, reseed_split
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOutcome, ServerView
 
@@ -33,7 +33,7 @@ from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOu
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
 
 
-class FedRC(Algorithm):
+class FedRC(SoftMixture, LabelStatistics):
     """FedRC's rules.
 
     Args:
@@ -76,16 +76,6 @@ class FedRC(Algorithm):
         self.label_stats_floor = label_stats_floor
         self.reseed_threshold = reseed_threshold
         self.reseed_seed = reseed_seed
-        per_sample = ("gamma", "adam_m", "adam_v") if adam_gamma else ()
-        self._capabilities = Capabilities(
-            label_stats=use_label_stats,
-            per_sample_state=per_sample,
-            per_sample_mixtures=per_sample[:1],
-        )
-
-    @property
-    def capabilities(self) -> Capabilities:  # type: ignore[override]
-        return self._capabilities
 
     def check_clients(self, num_clients: int) -> None:
         std = self.label_noise_std
@@ -95,19 +85,18 @@ class FedRC(Algorithm):
                 "one σ per client, or a single σ for all"
             )
 
-    def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
+    def state_entries(self) -> tuple[StateEntry, ...]:
+        """FedRC-Adam keeps each sample's γ (a mixture) and its Adam moments, and each client's
+        Adam step count, between rounds; clients update and report them."""
         if not self.adam_gamma:
-            return {}
-        zeros = torch.zeros(num_samples, self.num_clusters, dtype=torch.float64)
-        return {
-            "gamma": zeros.clone(),
-            "adam_m": zeros.clone(),
-            "adam_v": zeros.clone(),
-            "adam_steps": torch.zeros(num_clients, dtype=torch.float64),
-        }
-
-    def client_reported_state(self) -> tuple[str, ...]:
-        return ("gamma", "adam_m", "adam_v", "adam_steps") if self.adam_gamma else ()
+            return ()
+        k = (self.num_clusters,)
+        return (
+            StateEntry("gamma", Scope.SAMPLE, k, reported=True, mixture=True),
+            StateEntry("adam_m", Scope.SAMPLE, k, reported=True),
+            StateEntry("adam_v", Scope.SAMPLE, k, reported=True),
+            StateEntry("adam_steps", Scope.CLIENT, reported=True),
+        )
 
     def clusters_to_remove(self, state: ClientState | ClientStoreView, sizes: Tensor) -> Tensor | None:
         if self.removal_threshold is None:
@@ -125,7 +114,7 @@ class FedRC(Algorithm):
             return []
         kept = int((state.active & ~remove).sum())
         return [
-            RemoveClusters(remove, self.capabilities.per_sample_mixtures),
+            RemoveClusters(remove),  # the store renormalises the declared mixtures (γ) with ω
             Note(
                 f"round {outcome.round_index}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
                 f"(share of γ below the threshold); {kept} remain"
@@ -219,7 +208,7 @@ class FedRC(Algorithm):
             return LocalPlan(clusters=(int(torch.argmax(masked)),))
         return super().local_plan(report, context)
 
-    def log_label_stats(self, state: ClientState) -> Tensor | None:
+    def log_label_stats(self, state: ClientState | ClientStoreView) -> Tensor | None:
         """log C_{y,k} from the latest label sums of every client seen so far (None for FedEM)."""
         if not self.uses_label_stats:
             return None

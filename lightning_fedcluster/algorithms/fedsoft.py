@@ -16,16 +16,17 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import Reassign, ServerAction, SetState
 from lightning_fedcluster.algorithms.base import (
     Algorithm,
-    Capabilities,
     ClientContext,
     ClientReport,
     Contribution,
     LocalPlan,
     one_hot,
 )
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
 from lightning_fedcluster.algorithms.mixture import label_sums
+from lightning_fedcluster.algorithms.protocols import Estimation, PersonalModels, ServerSelection
 from lightning_fedcluster.algorithms.seeds import FEDSOFT_SELECTION, derive_seed
+from lightning_fedcluster.algorithms.server_view import ClientStoreView
 
 IMPORTANCE_FLOOR = 1e-4  # σ, the paper's counter smoother
 
@@ -66,11 +67,9 @@ def select_clients(
     return membership
 
 
-class FedSoft(Algorithm):
+class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
     """FedSoft's rules. ``proximal`` is λ, ``selection_size`` the clients drawn per cluster,
     ``estimation_interval`` τ, ``smoother`` σ."""
-
-    capabilities = Capabilities(personal_models=True)
 
     def __init__(
         self,
@@ -87,13 +86,13 @@ class FedSoft(Algorithm):
         self.estimation_interval = estimation_interval
         self.smoother = smoother
 
-    def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
-        return {
-            "importance": torch.full(
-                (num_clients, self.num_clusters), 1.0 / self.num_clusters, dtype=torch.float64
-            ),
-            "estimated_round": torch.tensor(-1.0),
-        }
+    def state_entries(self) -> tuple[StateEntry, ...]:
+        """Each client's importance weights u (set by the server's estimation passes) and the
+        round of the last pass."""
+        return (
+            StateEntry("importance", Scope.CLIENT, (self.num_clusters,), initial=1.0 / self.num_clusters),
+            StateEntry("estimated_round", Scope.SCALAR, initial=-1.0),
+        )
 
     def needs_estimation(self, round_index: int, state: ClientState | None) -> bool:
         """Every τ rounds, once (a resumed run does not repeat a stored estimation)."""
@@ -104,7 +103,9 @@ class FedSoft(Algorithm):
     def estimate(self, losses: Tensor, active: Tensor) -> Tensor:
         return importance_weights(losses, active, self.smoother)
 
-    def after_estimation(self, state: ClientState, estimates: Tensor, round_index: int) -> list[ServerAction]:
+    def after_estimation(
+        self, state: ClientStoreView, estimates: Tensor, round_index: int
+    ) -> list[ServerAction]:
         """The importance weights u become every client's ω (normalised) and drive selection."""
         return [
             SetState("importance", estimates),

@@ -21,7 +21,6 @@ from lightning_fedcluster.algorithms.actions import (
 )
 from lightning_fedcluster.algorithms.assignment import assignment_report
 from lightning_fedcluster.algorithms.base import (
-    Capabilities,
     ClientContext,
     ClientReport,
     Contribution,
@@ -31,7 +30,8 @@ from lightning_fedcluster.algorithms.base import (
     one_hot,
     with_omega,
 )
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
+from lightning_fedcluster.algorithms.protocols import ModelDistances
 from lightning_fedcluster.algorithms.seeds import FESEM_CENTRES, FESEM_INITIAL_ASSIGNMENT, derive_seed
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
 
@@ -43,7 +43,7 @@ def initial_assignment(seed: int, client: int, active: Tensor) -> int:
     return int(alive[torch.randint(len(alive), (1,), generator=generator)])
 
 
-class FeSEM(HardAssignment):
+class FeSEM(HardAssignment, ModelDistances):
     """FeSEM (``weighted=False``, every member counts 1) and WeCFL (``weighted=True``, members
     weighted by N_i).
 
@@ -53,8 +53,6 @@ class FeSEM(HardAssignment):
     apart in parameter space that no client ever changes cluster.) A client that joins later
     starts in a seeded random cluster and moves to the nearest centre after its local training.
     """
-
-    capabilities = Capabilities(model_distances=True)
 
     def __init__(
         self,
@@ -81,8 +79,9 @@ class FeSEM(HardAssignment):
             )
         return mask
 
-    def initial_extra(self, num_clients: int, num_samples: int) -> dict[str, Tensor]:
-        return {"centres_ready": torch.tensor(0.0)}
+    def state_entries(self) -> tuple[StateEntry, ...]:
+        """Whether the K-means centres exist yet (the server sets it after the first round)."""
+        return (StateEntry("centres_ready", Scope.SCALAR),)
 
     def round_vectors(self, state: ClientState | ClientStoreView | None) -> str | None:
         """The round's locally trained models, until the centres are initialised from them."""

@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 from matplotlib.figure import Figure
 
 from lightning_fedcluster import figures
+from lightning_fedcluster.algorithms.protocols import label_statistics
 from lightning_fedcluster.callbacks.image_logging import log_figure
 from lightning_fedcluster.metrics.clustering import concept_shares
 
@@ -131,7 +132,7 @@ class ClusterMonitor(pl.Callback):
         style: dict[str, Any] = {"size": size, "titles": titles}
 
         def label_stats() -> Figure | None:
-            stats = pl_module.rule.log_label_stats(state)
+            stats = label_statistics(pl_module.rule, state)
             return None if stats is None else figures.label_stats_figure(stats.exp(), step, **style)
 
         return {

@@ -26,7 +26,7 @@ from lightning_fedcluster.algorithms.base import (
     Contribution,
     LocalPlan,
 )
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.algorithms.seeds import CLIENT_RNG, MINIBATCH_ORDER, derive_seed
 from lightning_fedcluster.engine.task import Task
@@ -71,19 +71,22 @@ def client_context(
     device: torch.device | str = "cpu",
     row: int | None = None,
 ) -> ClientContext:
-    """The rule's view of ``client``: its ω, the alive clusters, and its algorithm state
-    (per-client rows, or its training samples' rows ``sample_rows`` for per-sample state).
-    ``row``: the client's row in ``state`` when the store holds only some clients (a Flower
-    node's own); ``client`` by default."""
+    """The rule's view of ``client``: its ω, the alive clusters, and the rule's declared entries
+    by their scope: the client's row, its training samples' rows ``sample_rows``, or the whole
+    per-cluster or run-wide value. ``row``: the client's row in ``state`` when the store holds
+    only some clients (a Flower node's own); ``client`` by default."""
     row = client if row is None else row
     extra = {}
-    for name, value in state.extra.items():
-        if name in rule.capabilities.per_sample_state:
-            extra[name] = value[sample_rows[0] : sample_rows[1]].to(device)
-        elif value.dim() > 0 and value.shape[0] == state.num_clients:
-            extra[name] = value[row].to(device)
-        elif value.dim() == 0:
-            extra[name] = value
+    for entry in rule.state_entries():
+        value = state.extra.get(entry.name)
+        if value is None:
+            continue
+        if entry.scope == Scope.SAMPLE:
+            extra[entry.name] = value[sample_rows[0] : sample_rows[1]].to(device)
+        elif entry.scope == Scope.CLIENT:
+            extra[entry.name] = value[row].to(device)
+        else:
+            extra[entry.name] = value.to(device)
     return ClientContext(
         client=client,
         round_index=round_index,

@@ -22,8 +22,8 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import ServerAction
 from lightning_fedcluster.algorithms.base import Algorithm
-from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.server_view import ServerView
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
+from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.plan import TrainingPlan
@@ -38,16 +38,12 @@ from lightning_fedcluster.engine.state_file import OptimizerStateFile
 def initial_client_state(
     plan: TrainingPlan, num_clients: int, num_classes: int, num_samples: int, per_sample: bool = True
 ) -> ClientState:
-    """The client store at the start of a run: ω uniform, no label sums, the rule's extras (its
-    per-sample entries only with ``per_sample``: a deployment's server never holds them) and the
-    clusters it starts alive. The one place a store is created (module, Flower server and nodes)."""
-    state = ClientState.initial(num_clients, num_classes, plan.num_clusters)
-    extras = plan.rule.initial_extra(num_clients, num_samples)
-    if not per_sample:
-        extras = {
-            name: v for name, v in extras.items() if name not in plan.rule.capabilities.per_sample_state
-        }
-    state.extra.update(extras)
+    """The client store at the start of a run: ω uniform, no label sums, the rule's declared
+    entries (its per-sample entries only with ``per_sample``: a deployment's server never holds
+    them) and the clusters it starts alive. The one place a store is created (module, Flower
+    server and nodes)."""
+    entries = [e for e in plan.rule.state_entries() if per_sample or e.scope != Scope.SAMPLE]
+    state = ClientState.initial(num_clients, num_classes, plan.num_clusters, entries, num_samples)
     state.active = plan.rule.initial_active()
     state.optimizer_dtype = plan.optimizer_store_dtype
     if plan.optimizer_state_dir is not None:
@@ -170,19 +166,19 @@ class RoundDriver:
     def prepare_round(self, round_index: int) -> None:
         """Server work before a round's clients are chosen: an estimation pass when the rule asks
         (FedSoft, every τ rounds), whose actions apply at once."""
-        state = self.state.client_state
-        if not self.rule.needs_estimation(round_index, state):
+        state, rule = self.state.client_state, self.rule
+        if not rule.capabilities.estimation or not rule.needs_estimation(round_index, state):
             return
         if self.estimate is None:
-            raise RuntimeError(f"{type(self.rule).__name__} needs an estimation pass but none is wired")
+            raise RuntimeError(f"{type(rule).__name__} needs an estimation pass but none is wired")
         estimates = self.estimate(round_index)
-        self.apply(self.rule.after_estimation(state, estimates, round_index), [])
+        self.apply(rule.after_estimation(ClientStoreView(state), estimates, round_index), [])
 
     def begin_round(self, round_index: int) -> RoundState:
         """The round's clients, the global snapshot it starts from, and its accumulators."""
         state, rule, sizes = self.state.client_state, self.rule, self.clients.train_sizes
         clients = self.schedule.clients(round_index)
-        wants = rule.round_vectors(state)
+        wants = vectors.vector_kind(rule, state)
         sends = wants is not None and (self.personal_vectors or wants != "personal")
         round_state = RoundState(
             round_index,
@@ -198,7 +194,8 @@ class RoundDriver:
             optimizer_in_store=self.optimizer_in_store,
             limits=self.plan.reply_limits,
         )
-        round_state.membership = rule.round_membership(round_index, state, sizes, self.plan.seed)
+        if rule.capabilities.server_selection:
+            round_state.membership = rule.round_membership(round_index, state, sizes, self.plan.seed)
         return round_state
 
     def end_round(self, round_state: RoundState, reduce: Reduce | None = None) -> dict[str, float]:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_weighted_update
 from lightning_fedcluster.algorithms.base import Algorithm, ClientReport
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.engine.client import ClientWork
 from lightning_fedcluster.engine.copies import Snapshot
 from lightning_fedcluster.engine.optimizer_state import store_state
@@ -67,8 +67,9 @@ class RoundState:
         buffered = optimizer_size is not None and self.optimizer_store is None
         if buffered:
             shapes["optimizer_started"] = (n, k)
-        self.reported_state = [n for n in rule.client_reported_state() if n in state.extra]
-        self.per_sample = set(rule.capabilities.per_sample_state)
+        entries = [e for e in rule.state_entries() if e.reported and e.name in state.extra]
+        self.reported_state = [e.name for e in entries]
+        self.per_sample = {e.name for e in entries if e.scope == Scope.SAMPLE}
         for name in self.reported_state:
             rows = int(self.sample_offsets[-1]) if name in self.per_sample else n
             shapes[f"extra.{name}"] = (rows, *state.extra[name].shape[1:])

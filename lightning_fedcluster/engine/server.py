@@ -39,11 +39,13 @@ def record_round(rule: Algorithm, state: ClientState, round_state: RoundState, t
         started = round_state.report["optimizer_started"].cpu() > 0
         for slot in slots:
             store_state(state, int(round_state.clients[slot]), states[slot], started[slot])
-    if rule.capabilities.personal_models and round_state.vectors is not None:
+    capabilities = rule.capabilities
+    if capabilities.personal_models and round_state.vectors is not None:
         vectors = round_state.vectors["vectors"].cpu()
         for slot in slots:
             state.personal[int(round_state.clients[slot])] = vectors[slot].clone()
-        rule.mix_personal(state.personal, round_state.round_index)
+        if capabilities.personal_mixing:
+            rule.mix_personal(state.personal, round_state.round_index)
 
 
 def round_outcome(round_state: RoundState, train_sizes: Tensor) -> RoundOutcome:

@@ -51,7 +51,8 @@ def check_rule_on_model(rule: Any, model: nn.Module) -> None:
     ``representation_layers``) must match some: checked where the cluster models exist (the
     Lightning module's setup, the Flower server), never through a strategy, which under
     ``simulate`` holds no module."""
-    rule.representation_mask([name for name, _ in model.named_parameters()])
+    if rule.capabilities.model_distances:
+        rule.representation_mask([name for name, _ in model.named_parameters()])
 
 
 def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from: LogitsFrom = None) -> None:

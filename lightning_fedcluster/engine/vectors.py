@@ -1,5 +1,5 @@
 """Per-client model vectors: personal models (FedSoft, D-FedEM) that start a client's training,
-the flat vector a rule asks the server for (``Algorithm.round_vectors``), and the distances of a
+the flat vector the server receives after a round (``vector_kind``), and the distances of a
 trained copy to every global model (FeSEM/WeCFL). Personal models live on the CPU in the
 client store; the working copies hold one client's at a time."""
 
@@ -18,6 +18,13 @@ def personal_copies(rule: Algorithm, num_clusters: int) -> range:
     """The working copies a personal model occupies: copy 0 (FedSoft) or all K (D-FedEM)."""
     copies = rule.capabilities.personal_copies
     return range(copies if copies else num_clusters)
+
+
+def vector_kind(rule: Algorithm, state: ClientState | None) -> str | None:
+    """Which flat vector of each client the server receives after a round: "personal" (a rule
+    with personal models: they are kept in the server's store), else what the rule's
+    ``after_round`` reads (``round_vectors``: "model", "update" or None)."""
+    return "personal" if rule.capabilities.personal_models else rule.round_vectors(state)
 
 
 def load_personal(
@@ -42,7 +49,7 @@ def load_personal(
 
 def vector_size(copies: ClusterCopies, rule: Algorithm, state: ClientState | None) -> int:
     """Length of the per-client vector the rule asks for this round (0: none)."""
-    kind = rule.round_vectors(state)
+    kind = vector_kind(rule, state)
     if kind is None:
         return 0
     ranks = personal_copies(rule, copies.num_clusters) if kind == "personal" else [0]
@@ -57,7 +64,7 @@ def round_vector(
     work: ClientWork,
 ) -> Tensor:
     """The client's flat vector: personal model(s), the trained copy, or its update."""
-    kind = rule.round_vectors(state)
+    kind = vector_kind(rule, state)
     if kind == "personal":
         return copies.read_vector(personal_copies(rule, copies.num_clusters))
     k = work.plan.clusters[0]

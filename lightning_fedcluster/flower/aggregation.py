@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.engine.reply_checks import finite_problems, shape_problems, summed_problems
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.flower import records
@@ -97,17 +97,21 @@ def merge_store(
     state.seen[clients] = stored["seen"]
     sizes = offsets[1:] - offsets[:-1]
     local = torch.cat([torch.zeros(1, dtype=torch.long), sizes[clients].cumsum(0)])
-    for name, initial in rule.initial_extra(state.num_clients, int(offsets[-1])).items():
+    num_samples = int(offsets[-1])
+    for entry in rule.state_entries():
+        name = entry.name
+        initial = entry.initial_value(state.num_clients, num_samples, state.num_clusters)
         target = state.extra.setdefault(name, initial)
+        state.entries.setdefault(name, entry)
         value = stored.get(f"extra.{name}")
         if value is None or name in owned:
             continue
-        if name in rule.capabilities.per_sample_state:
+        if entry.scope == Scope.SAMPLE:
             for r, client in enumerate(rows):
                 target[int(offsets[client]) : int(offsets[client + 1])] = value[
                     int(local[r]) : int(local[r + 1])
                 ]
-        elif target.dim() > 0:
+        elif entry.scope == Scope.CLIENT:
             target[clients] = value
     if "personal.ids" in stored:  # FedSoft: the nodes' personal models, keyed by their rows
         for row, model in zip(stored["personal.ids"].tolist(), stored["personal.models"], strict=True):

@@ -158,7 +158,7 @@ class NodeRuntime:
             records.load_state(state, context.state[STATE_KEY])  # type: ignore[arg-type]
         active = active.to(torch.bool)
         if bool((state.active & ~active).any()):
-            state.remove_clusters(state.active & ~active, self.plan.rule.capabilities.per_sample_mixtures)
+            state.remove_clusters(state.active & ~active)  # and the declared mixtures (γ) with ω
         state.active = active.clone()  # and the clusters it started (CFL's splits)
         return state
 
@@ -217,7 +217,7 @@ class NodeRuntime:
         self.copies.models.train()
         for slot, (client, row) in enumerate(zip(clients, rows.tolist(), strict=True)):
             self.train_client(round_state, state, client, row, slot, log_label_stats)
-        send_vectors = self.plan.rule.round_vectors(state) in SERVER_VECTORS
+        send_vectors = vectors.vector_kind(self.plan.rule, state) in SERVER_VECTORS
         server.record_round(self.plan.rule, state, round_state, self.offsets)
         context.state[STATE_KEY] = records.state_record(state)
         return self.reply(round_state, clients, send_vectors)

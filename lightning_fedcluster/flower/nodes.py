@@ -22,7 +22,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.messaging import exchange, node_error
 
@@ -156,21 +156,20 @@ def readmit(
         )  # fmt: skip
 
 
-def store_rows(state: ClientState, clients: list[int], per_sample: set[str]) -> dict[str, Tensor]:
-    """The server's client-store rows of ``clients``: what a node's store is restored from."""
+def store_rows(state: ClientState, clients: list[int]) -> dict[str, Tensor]:
+    """The server's client-store rows of ``clients``: what a node's store is restored from (the
+    rule's entries by their declared scope: a per-client one's rows, a per-cluster or run-wide
+    one whole; per-sample ones stay on the nodes)."""
     rows = torch.tensor(clients, dtype=torch.long)
     entries = {"omega": state.omega[rows], "label_sums": state.label_sums[rows], "seen": state.seen[rows]}
     for name, value in state.extra.items():
-        if name in per_sample:
-            continue
-        per_client = value.dim() > 0 and value.shape[0] == state.num_clients
-        entries[f"extra.{name}"] = value[rows] if per_client else value
+        scope = state.entries[name].scope
+        if scope != Scope.SAMPLE:
+            entries[f"extra.{name}"] = value[rows] if scope == Scope.CLIENT else value
     return entries
 
 
-def restore_stores(
-    grid: Grid, federation: Federation, state: ClientState, per_sample: set[str], timeout: float | None
-) -> None:
+def restore_stores(grid: Grid, federation: Federation, state: ClientState, timeout: float | None) -> None:
     """Send every stale live node its clients' rows of the server's store (``query.restore``)."""
     nodes = sorted(federation.stale - federation.lost)
     if not nodes:
@@ -178,7 +177,7 @@ def restore_stores(
     messages = []
     for node in nodes:
         clients = federation.clients_of(node)
-        content = {"server": {"active": state.active}, "store": store_rows(state, clients, per_sample)}
+        content = {"server": {"active": state.active}, "store": store_rows(state, clients)}
         content["node"] = {"clients": torch.tensor(clients, dtype=torch.long)}
         messages.append(Message(records.pack(content), node, "query.restore"))
     for node, reply in exchange(grid, messages, timeout):

@@ -50,7 +50,8 @@ def unsupported_reason(strategy: Any) -> str | None:
         return "finetune_epochs (FedRC-FT) fine-tunes at evaluation, which the Flower apps do not run"
     if getattr(rule, "reseed_threshold", None) is not None:
         return "reseed_threshold splits the clients' ω and γ of a cluster, which the nodes do not mirror"
-    if type(rule).mix_personal is not Algorithm.mix_personal or rule.capabilities.personal_copies != 1:
+    capabilities = rule.capabilities
+    if capabilities.personal_mixing or capabilities.personal_copies != 1:
         return "it mixes the clients' personal models on the server (D-FedEM)"
     if getattr(strategy, "optimizer_state_dtype", "float32") != "float32":
         return (

@@ -28,7 +28,8 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import ServerAction
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
+from lightning_fedcluster.algorithms.protocols import label_statistics
 from lightning_fedcluster.engine.federation import (
     ClientDirectory,
     RoundDriver,
@@ -164,11 +165,10 @@ class FlowerServer:
         )
         writer = writer_for(self.log_dir)
         start = self.start(driver, federation)
-        per_sample = set(self.rule.capabilities.per_sample_state)
         for round_index in range(start, self.num_rounds):
             started = time.perf_counter()
             readmit(grid, federation, self.strategy.num_clusters, self.round_timeout, round_index)
-            restore_stores(grid, federation, state, per_sample, self.round_timeout)
+            restore_stores(grid, federation, state, self.round_timeout)
             round_state = driver.begin_round(round_index)
             self.train_round(grid, federation, round_state, state)
             metrics = driver.end_round(round_state)
@@ -214,9 +214,7 @@ class FlowerServer:
         """Before a rule's action applies: the client-store entries it rewrites go to the nodes
         with every later round; entries the nodes alone hold (label sums, per-sample state,
         optimizer state) cannot be rewritten by the server yet."""
-        pushable = {"omega"} | {
-            name for name in state.extra if name not in self.rule.capabilities.per_sample_state
-        }
+        pushable = {"omega"} | {name for name in state.extra if state.entries[name].scope != Scope.SAMPLE}
         for name in action.rewrites:
             if name not in pushable:
                 raise NotImplementedError(
@@ -265,7 +263,7 @@ class FlowerServer:
         """The alive clusters, log C_{y,k} (FedRC) and ``extra`` entries: what every message to the
         nodes carries besides the models."""
         info: dict[str, Tensor] = {"active": state.active, **(extra or {})}
-        stats = self.rule.log_label_stats(state)
+        stats = label_statistics(self.rule, state)
         if stats is not None:
             info["log_label_stats"] = stats
         return info

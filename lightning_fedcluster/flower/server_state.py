@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lightning_fedcluster.algorithms.client_state import Scope
 from lightning_fedcluster.engine.checkpoint import check_resumable, metadata, schedule_config
 from lightning_fedcluster.engine.federation import RoundDriver
 from lightning_fedcluster.engine.plan import TrainingPlan
@@ -29,7 +30,7 @@ log = logging.getLogger("lightning_fedcluster.flower")
 def node_only_state(plan: TrainingPlan) -> list[str]:
     """The client state that only the nodes hold, which a resumed run cannot restore."""
     rule, held = plan.rule, []
-    per_sample = set(rule.capabilities.per_sample_state) & set(rule.initial_extra(1, 1))
+    per_sample = {entry.name for entry in rule.state_entries() if entry.scope == Scope.SAMPLE}
     if per_sample:
         held.append(f"per-sample state {sorted(per_sample)}")
     if plan.persists_optimizer_state:

@@ -20,6 +20,7 @@ class CFLStrategy(FederatedStrategy):
     """
 
     strategy_name = "cfl"
+    fixed_arguments = ("algorithm",)
 
     def __init__(self, num_clusters: int = 4, *, eps1: float = 0.4, eps2: float = 1.6, **kwargs: Any) -> None:
         if not (eps1 > 0 and eps2 > 0):

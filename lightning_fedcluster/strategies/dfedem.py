@@ -19,7 +19,7 @@ class DFedEMStrategy(FederatedStrategy):
     """
 
     strategy_name = "dfedem"
-    fixed_arguments = ("clients_per_round",)
+    fixed_arguments = ("algorithm", "clients_per_round")
 
     def __init__(self, num_clusters: int = 3, *, edge_probability: float = 0.2, **kwargs: Any) -> None:
         if kwargs.get("clients_per_round") is not None:

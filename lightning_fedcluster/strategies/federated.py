@@ -121,7 +121,8 @@ class FederatedStrategy(DDPStrategy):
     """
 
     strategy_name = "federated"
-    # Arguments a subclass fixes itself (hidden from the list of valid arguments in errors).
+    # Arguments a subclass fixes itself (hidden from the list of valid arguments in errors);
+    # "algorithm" for a named strategy, which builds its rule from its own arguments.
     fixed_arguments: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -159,9 +160,12 @@ class FederatedStrategy(DDPStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         **unknown: Any,
     ) -> None:
-        builds_own = type(self).algorithm is not FederatedStrategy.algorithm
-        hidden = (*self.fixed_arguments, *(("algorithm",) if builds_own else ()))
-        valid = [name for name in init_parameters(type(self), FederatedStrategy) if name not in hidden]
+        builds_own = "algorithm" in self.fixed_arguments
+        valid = [
+            name
+            for name in init_parameters(type(self), FederatedStrategy)
+            if name not in self.fixed_arguments
+        ]
         reject_unknown(type(self).__name__, unknown, valid)
         num_clusters = self._take_algorithm(algorithm, num_clusters, builds_own)
         check_positive_int("num_clusters", num_clusters)
@@ -215,7 +219,7 @@ class FederatedStrategy(DDPStrategy):
         """Keep ``algorithm=`` (the plain FederatedStrategy's way to run any rule); return K."""
         self._algorithm = algorithm
         if algorithm is None:
-            if not builds_own:
+            if type(self) is FederatedStrategy:  # a subclass builds its own (its ``algorithm``)
                 raise TypeError(
                     "FederatedStrategy needs the algorithm to run: FederatedStrategy(algorithm=FedRC(3), "
                     "...) with a rule from lightning_fedcluster.algorithms (or your own), or a named "
@@ -243,6 +247,11 @@ class FederatedStrategy(DDPStrategy):
     def algorithm(self) -> Any:
         """The algorithm's rule object (pure tensor math from ``lightning_fedcluster.algorithms``):
         the one given as ``algorithm=``, or the one a named strategy builds from its arguments."""
+        if self._algorithm is None:
+            raise TypeError(
+                f"{type(self).__name__} has no algorithm: a subclass of FederatedStrategy passes "
+                "algorithm= to it or overrides the algorithm property with the rule it builds"
+            )
         return self._algorithm
 
     @property
@@ -297,10 +306,10 @@ class FederatedStrategy(DDPStrategy):
                 self.drop_last,
             )
             cpr = datamodule.num_clients if self.clients_per_round is None else self.clients_per_round
-            bound = self.algorithm.max_clients_per_round(datamodule.num_clients)
             selector = None
-            if bound is not None:
-                cpr, selector = bound, self._state_selector(datamodule, client_state)
+            if self.algorithm.capabilities.server_selection:
+                cpr = self.algorithm.max_clients_per_round(datamodule.num_clients)
+                selector = self._state_selector(datamodule, client_state)
             schedule = RoundSchedule(
                 datamodule.num_clients,
                 cpr,

@@ -16,6 +16,7 @@ class FedProxStrategy(FederatedStrategy):
     """FedProx (Li et al. 2020): one model, local loss plus (μ/2)‖w − θ‖²."""
 
     strategy_name = "fedprox"
+    fixed_arguments = ("algorithm",)
 
     def __init__(self, mu: float = 0.01, **kwargs: Any) -> None:
         num_clusters = kwargs.pop("num_clusters", 1)
@@ -40,7 +41,7 @@ class FedAvgStrategy(FedProxStrategy):
     """FedAvg (McMahan et al. 2017): one model, client updates averaged with weights N_i."""
 
     strategy_name = "fedavg"
-    fixed_arguments = ("mu",)
+    fixed_arguments = ("algorithm", "mu")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(mu=0.0, **kwargs)

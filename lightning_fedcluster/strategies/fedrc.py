@@ -31,6 +31,7 @@ class FedRCStrategy(FederatedStrategy):
     """
 
     strategy_name = "fedrc"
+    fixed_arguments = ("algorithm",)
     use_label_stats = True
 
     def __init__(

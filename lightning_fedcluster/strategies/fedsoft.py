@@ -23,7 +23,7 @@ class FedSoftStrategy(FederatedStrategy):
     """
 
     strategy_name = "fedsoft"
-    fixed_arguments = ("clients_per_round",)
+    fixed_arguments = ("algorithm", "clients_per_round")
 
     def __init__(
         self,

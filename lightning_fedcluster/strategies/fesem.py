@@ -20,6 +20,7 @@ class FeSEMStrategy(FederatedStrategy):
     """
 
     strategy_name = "fesem"
+    fixed_arguments = ("algorithm",)
     weighted = False
 
     def __init__(

@@ -13,6 +13,7 @@ class IFCAStrategy(FederatedStrategy):
     """IFCA (Ghosh et al. 2020): each client trains only the model with its lowest mean loss."""
 
     strategy_name = "ifca"
+    fixed_arguments = ("algorithm",)
 
     def __init__(self, num_clusters: int = 3, **kwargs: Any) -> None:
         super().__init__(num_clusters, **kwargs)

@@ -67,7 +67,7 @@ def test_actions_that_keep_the_models_restart_no_server_state():
     assert target.client_state.omega[1].tolist() == [0.0, 0.0, 1.0]
     assert float(target.client_state.extra["flag"]) == 1.0
     assert target.client_state.active.tolist() == [False, True, True]
-    with pytest.raises(KeyError, match="initial_extra"):
+    with pytest.raises(KeyError, match="state_entries"):
         SetState("unknown", torch.tensor(1.0)).apply(target)
 
 

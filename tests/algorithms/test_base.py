@@ -1,11 +1,12 @@
-"""algorithms/base.py: the E-step of many clients at once equals the client-by-client E-step."""
+"""algorithms/base.py: the E-step of many clients at once (batched by ``SoftMixture``, client by client
+by default) equals the client-by-client E-step."""
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms import IFCA
-from lightning_fedcluster.algorithms.base import Algorithm
+from lightning_fedcluster.algorithms.base import Algorithm, SoftMixture
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from tests.helpers.algorithms import F64, TIGHT, ctx
 
@@ -20,8 +21,9 @@ from tests.helpers.algorithms import F64, TIGHT, ctx
         lambda: FedRC(3, adam_gamma=True, label_noise_std=0.3),
         lambda: IFCA(3),
         lambda: Algorithm(3),
+        lambda: SoftMixture(3),
     ],
-    ids=["fedrc", "fedem", "fedrc_adam_noise", "ifca", "base"],
+    ids=["fedrc", "fedem", "fedrc_adam_noise", "ifca", "base", "soft_mixture"],
 )
 def test_e_step_of_many_clients_equals_the_client_by_client_e_step(make_rule):
     generator = torch.Generator().manual_seed(4)

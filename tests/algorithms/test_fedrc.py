@@ -32,6 +32,7 @@ from tests.helpers.algorithms import (
     ctx,
     fixed_point_map,
     plain_ctx,
+    store,
     t,
 )
 
@@ -50,7 +51,7 @@ def test_adam_gamma_first_step_by_hand():
 
 def test_adam_gamma_rule_keeps_per_sample_state():
     rule = FedRC(2, use_label_stats=False, adam_gamma=True)
-    extra = {k: v[:2] if v.dim() == 2 else v[0] for k, v in rule.initial_extra(3, 5).items()}
+    extra = {k: v[:2] if v.dim() == 2 else v[0] for k, v in store(rule, 3, num_samples=5).extra.items()}
     context = ctx([0.5, 0.5], extra=extra, num_samples=2)
     first = rule.e_step(t([[0.1, 2.0], [1.0, 0.9]]), torch.tensor([0, 1]), context, None)
     # First participation: γ is the E-step's γ̃ and it is stored for the next round.
@@ -121,6 +122,7 @@ def test_soft_rule_skips_removed_clusters_everywhere():
     assert plan.clusters == (0, 2) and plan.sample_weights.shape == (1, 2)
     omega = rule.unseen_client_mixture(t([[0.1, 0.0, 0.3]]), torch.tensor([0]), None, torch.tensor(active))
     assert omega[1] == 0 and math.isclose(float(omega.sum()), 1.0)
+
 
 # --- the FedRC rule object ------------------------------------------------------------------------
 

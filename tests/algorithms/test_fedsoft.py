@@ -5,14 +5,13 @@ import torch
 from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms.base import Contribution
-from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedsoft import (
     FedSoft,
     importance_weights,
     select_clients,
     selection_probabilities,
 )
-from tests.helpers.algorithms import F64, TIGHT, ctx, t
+from tests.helpers.algorithms import F64, TIGHT, ctx, store, t
 
 # --- FedSoft ---------------------------------------------------------------------------------------------
 
@@ -68,8 +67,7 @@ def test_fedsoft_plan_and_contributions():
     # The personal model enters every cluster that selected the client, with weight 1 (a plain mean).
     assert rule.contributions(report, plan, context) == [Contribution(0, 0, 1.0), Contribution(0, 2, 1.0)]
     assert rule.initial_personal_cluster(context) == 0
-    state = ClientState.initial(4, 2, 3)
-    state.extra.update(rule.initial_extra(4, 10))
+    state = store(rule, 4, num_samples=10)
     assert rule.needs_estimation(0, state) and not rule.needs_estimation(1, state)
     state.extra["estimated_round"] = torch.tensor(0.0)
     assert not rule.needs_estimation(0, state) and rule.needs_estimation(2, state)

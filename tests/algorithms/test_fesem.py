@@ -7,9 +7,8 @@ import torch
 from lightning_fedcluster.algorithms import FeSEM, initial_assignment
 from lightning_fedcluster.algorithms.actions import Reassign, SetCentre, SetState
 from lightning_fedcluster.algorithms.base import Contribution
-from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
-from tests.helpers.algorithms import ctx, t
+from lightning_fedcluster.algorithms.server_view import RoundOutcome
+from tests.helpers.algorithms import ctx, server_view, store, t
 
 # --- FeSEM / WeCFL ------------------------------------------------------------------------------------
 
@@ -64,8 +63,7 @@ def test_fesem_kmeans_initialisation_from_local_models():
     assert torch.equal(report.omega, t([1.0, 0.0]))  # everybody trains the common model 0 first
     same = rule.reassign(report, t([9.0, 0.0]), ctx([0.5, 0.5], extra=not_ready))
     assert torch.equal(same.omega, report.omega)  # the server assigns after the first round
-    state = ClientState.initial(4, 2, 2)
-    state.extra.update(rule.initial_extra(4, 8))
+    state = store(rule, 4, num_samples=8)
     assert rule.round_vectors(state) == "model"
     vectors = torch.tensor([[0.0, 0.0], [0.1, 0.0], [5.0, 5.0], [5.0, 4.9]])
     centres, assignment = rule.initial_centres(vectors, 0, torch.ones(2, dtype=torch.bool))
@@ -80,7 +78,7 @@ def test_fesem_kmeans_initialisation_from_local_models():
     # As server actions: the picked models become the centres, every client its nearest, ready.
     clients = torch.tensor([10, 11, 12, 13])
     outcome = RoundOutcome(0, clients, t([[1.0, 0.0]] * 4), torch.ones(4), torch.ones(14), vectors)
-    actions = rule.after_round(ServerView(outcome, state, []))
+    actions = rule.after_round(server_view(state, outcome))
     set_centres = {a.cluster: a.vector.tolist() for a in actions if isinstance(a, SetCentre)}
     assert set_centres == {k: vectors[r].tolist() for k, r in centres.items()}
     (moved,) = [a for a in actions if isinstance(a, Reassign)]

@@ -1,5 +1,6 @@
 """Helpers of the algorithm tests (tests/algorithms/): float64 tensors, exact tolerances, client
-contexts, and the running example that the E-step tests check by hand with plain Python ``math``."""
+contexts, a rule's client store and the server's view of it (what a rule's hooks receive), and the
+running example that the E-step tests check by hand with plain Python ``math``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import math
 
 import torch
 
-from lightning_fedcluster.algorithms.base import ClientContext
+from lightning_fedcluster.algorithms.base import Algorithm, ClientContext
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
 
 F64 = torch.float64
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}
@@ -18,7 +21,15 @@ def t(values, dtype=F64) -> torch.Tensor:
 
 
 def ctx(
-    omega, *, num_classes=2, num_samples=4, client=0, active=None, seen=False, extra=None, seed=0,
+    omega,
+    *,
+    num_classes=2,
+    num_samples=4,
+    client=0,
+    active=None,
+    seen=False,
+    extra=None,
+    seed=0,
     membership=None,
 ):
     omega = torch.as_tensor(omega, dtype=F64)
@@ -35,6 +46,16 @@ def ctx(
         extra=dict(extra or {}),
         membership=membership,
     )
+
+
+def store(rule: Algorithm, num_clients: int, num_classes: int = 2, num_samples: int = 0) -> ClientState:
+    """A fresh client store with the rule's declared entries (as the engine builds it)."""
+    return ClientState.initial(num_clients, num_classes, rule.num_clusters, rule.state_entries(), num_samples)
+
+
+def server_view(state: ClientState, outcome: RoundOutcome, clusters=()) -> ServerView:
+    """What ``after_round`` receives: the outcome, the store and (optionally) the global models."""
+    return ServerView(outcome, state, list(clusters))
 
 
 def plain_ctx(omega, num_classes, num_samples=3, client=0) -> ClientContext:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from lightning_fedcluster.engine import vectors
 from lightning_fedcluster.engine.copies import local_optimizer
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import functional_loss
@@ -48,7 +49,7 @@ def vectorized_obstacle(module: TrainingHost) -> str | None:
         return f"{name} trains per-client personal models"
     if rule.capabilities.model_distances:
         return f"{name} assigns clients by distances between locally trained models"
-    if rule.round_vectors(None) is not None:
+    if vectors.vector_kind(rule, None) is not None:
         return f"{name} needs every client's trained model on the server"
     if callable(getattr(model, "per_sample_loss", None)):
         return f"{type(model).__name__}.per_sample_loss calls the model itself, which torch.func cannot batch"
