@@ -16,6 +16,8 @@ from enum import Enum
 import torch
 from torch import Tensor
 
+REDUCTIONS = ("replace", "sum", "mean")
+
 
 class Scope(str, Enum):
     """What the rows of a client-store entry are: one per client [M, ...], one per training sample
@@ -36,9 +38,13 @@ class StateEntry:
 
     ``shape``: the shape of one row (CLIENT, SAMPLE, CLUSTER) or of the whole value (SCALAR).
     ``initial``: the value every element starts at. ``reported``: clients write it during their
-    turn (``context.extra[name]``) and report it; otherwise only the server's actions
-    (``SetState``) change it and clients read it. ``mixture``: each row is a distribution over the
-    clusters (its last dimension), renormalised when clusters are removed (FedRC-Adam's γ).
+    turn (``context.extra[name]``: what a client leaves there is its report) and report it;
+    otherwise only the server's actions (``SetState``) change it and clients read it.
+    ``reduction``: how the round's reports become the stored value: "replace" (a client's own
+    rows, per client or per sample), or, for a per-cluster or run-wide entry that several clients
+    report, their "sum" or "mean" over the round's reporting clients (over every process and node).
+    ``mixture``: each row is a distribution over the clusters (its last dimension), renormalised
+    when clusters are removed (FedRC-Adam's γ).
     """
 
     name: str
@@ -46,8 +52,26 @@ class StateEntry:
     shape: tuple[int, ...] = ()
     initial: float = 0.0
     reported: bool = False
+    reduction: str = "replace"
     mixture: bool = False
     dtype: torch.dtype = torch.float64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scope", Scope(self.scope))
+        object.__setattr__(self, "shape", tuple(self.shape))
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"state entry {self.name!r}: reduction must be one of {REDUCTIONS}")
+        shared = self.scope in (Scope.CLUSTER, Scope.SCALAR)
+        if self.reported and shared and self.reduction == "replace":
+            raise ValueError(
+                f"state entry {self.name!r} is reported per {self.scope.value}: every client of a round "
+                "reports it, so declare how the reports combine: reduction='sum' or 'mean'"
+            )
+        if not shared and self.reduction != "replace":
+            raise ValueError(
+                f"state entry {self.name!r} has one row per {self.scope.value}, which only that client "
+                "writes: its reduction is 'replace'"
+            )
 
     def full_shape(self, num_clients: int, num_samples: int, num_clusters: int) -> tuple[int, ...]:
         rows = {

@@ -1,6 +1,9 @@
 """One round's server-side accumulators: the global snapshot the round started from, the float64
 sums of weighted client updates, and the clients' reports (one flat ``RoundBuffer``), reduced
-over processes in a single all-reduce and applied at the round's end.
+over processes in a single all-reduce and applied at the round's end. The report's segments are
+declared once (``core_report`` and the rule's reported ``StateEntry``s: scope, shape, reduction);
+the buffer, a Flower node's reply (``reply``) and the server's merge of it (``merge``) come from
+those declarations.
 
 Float64 sums make the result independent of the order clients arrive in, so 1 and N processes
 give the same float32 weights.
@@ -15,7 +18,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.aggregation import accumulate_delta, apply_weighted_update
 from lightning_fedcluster.algorithms.base import Algorithm, ClientReport
-from lightning_fedcluster.algorithms.client_state import ClientState, Scope
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
 from lightning_fedcluster.engine.client import ClientWork
 from lightning_fedcluster.engine.copies import Snapshot
 from lightning_fedcluster.engine.optimizer_state import store_state
@@ -24,6 +27,7 @@ from lightning_fedcluster.engine.round_buffer import RoundBuffer
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
 
 Reduce = Callable[[Tensor], Tensor]
+ROSTER = ("reported", "rejected")  # per-client flags that a node's reply sends as lists of clients
 
 
 class RoundState:
@@ -52,27 +56,20 @@ class RoundState:
         self.delta_shared = [torch.zeros_like(t, dtype=torch.float64) for t in self.global_shared]
         self.sample_offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
         n, k = len(clients), len(self.global_clusters)
-        shapes: dict[str, tuple[int, ...]] = {
-            "omega": (n, k),
-            "label_sums": (n, num_classes, k),
-            "reported": (n,),
-            "rejected": (n,),
-            "weights": (k + 1,),
-            "metrics": (3,),
-        }
         # Persistent optimizer state (optimizer_state="persist"): with ``optimizer_in_store`` (one
         # process: nothing to sum) each client's state goes straight into the store as it finishes;
         # otherwise one flat float32 vector per client in a buffer summed over processes.
         self.optimizer_store = state if optimizer_size is not None and optimizer_in_store else None
         buffered = optimizer_size is not None and self.optimizer_store is None
-        if buffered:
-            shapes["optimizer_started"] = (n, k)
-        entries = [e for e in rule.state_entries() if e.reported and e.name in state.extra]
-        self.reported_state = [e.name for e in entries]
-        self.per_sample = {e.name for e in entries if e.scope == Scope.SAMPLE}
-        for name in self.reported_state:
-            rows = int(self.sample_offsets[-1]) if name in self.per_sample else n
-            shapes[f"extra.{name}"] = (rows, *state.extra[name].shape[1:])
+        # The report's segments, each declared once (scope, shape, reduction): the buffer, a Flower
+        # node's reply and the server's merge are generated from them.
+        self.fields = core_report(k, num_classes, buffered)
+        self.rule_fields = {
+            f"extra.{e.name}": e for e in rule.state_entries() if e.reported and e.name in state.extra
+        }
+        self.fields.update(self.rule_fields)
+        samples = int(self.sample_offsets[-1])
+        shapes = {name: entry.full_shape(n, samples, k) for name, entry in self.fields.items()}
         self.report = RoundBuffer(shapes, device)
         self.vectors = (
             RoundBuffer({"vectors": (n, vector_size)}, device, torch.float32) if vector_size else None
@@ -144,20 +141,66 @@ class RoundState:
         self.report["weights"][-1] += weight
 
     def record(self, work: ClientWork, report: ClientReport) -> None:
-        """What the client reports: ω, label sums, and the algorithm state it updated."""
+        """What the client reports: ω, label sums, and the rule's reported entries by their scope
+        (its own row or sample rows; per cluster or for the run: added to the round's sum)."""
         slot = work.slot
         self.report["omega"][slot] = report.omega
         self.report["label_sums"][slot] = report.label_sums
         self.report["reported"][slot] = 1.0
         start, stop = int(self.sample_offsets[slot]), int(self.sample_offsets[slot + 1])
-        for name in self.reported_state:
-            if name not in work.context.extra:
+        for name, entry in self.rule_fields.items():
+            value = work.context.extra.get(entry.name)
+            if value is None:
                 continue
-            value = work.context.extra[name].to(torch.float64)
-            if name in self.per_sample:
-                self.report[f"extra.{name}"][start:stop] = value
+            segment = self.report[name]
+            value = value.to(segment)
+            if entry.scope == Scope.SAMPLE:
+                segment[start:stop] = value
+            elif entry.scope == Scope.CLIENT:
+                segment[slot] = value
             else:
-                self.report[f"extra.{name}"][slot] = value
+                segment.add_(value)
+
+    def reply_shapes(self, accepted: int) -> dict[str, tuple[int, ...]]:
+        """The segments a node's reply with ``accepted`` clients carries, and their shapes: every
+        declared segment but the roster flags (the reply lists the clients instead, ``ROSTER``) and
+        the per-sample ones (those stay with the clients); per-client ones for its accepted clients."""
+        k = len(self.global_clusters)
+        return {
+            name: entry.full_shape(accepted, 0, k)
+            for name, entry in self.fields.items()
+            if entry.scope != Scope.SAMPLE and name not in ROSTER
+        }
+
+    def reply(self, ids: Tensor) -> dict[str, Tensor]:
+        """The report as a node sends it to the server (``ids``: the global ids of this round's
+        slots): the clients whose work passed the reply checks (``clients``) and the others
+        (``rejected``), then the segments of ``reply_shapes``, per-client rows of the accepted
+        clients only."""
+        reported = self.reported_slots()
+        message = {"clients": ids[reported], "rejected": ids[~reported]}
+        for name in self.reply_shapes(0):
+            segment = self.report[name]
+            message[name] = segment[reported] if self.fields[name].scope == Scope.CLIENT else segment
+        return message
+
+    def merge(self, reply: dict[str, Tensor], slots: dict[int, int]) -> None:
+        """A node's ``reply`` (checked) into the round's report (``slots``: client -> slot of this
+        round): its accepted clients' rows into their slots, marked reported; per-cluster and
+        run-wide segments added; its rejected clients marked rejected; and the clients' vectors,
+        when sent."""
+        rows = torch.tensor([slots[int(c)] for c in reply["clients"].tolist()], dtype=torch.long)
+        for name in self.reply_shapes(0):
+            if self.fields[name].scope == Scope.CLIENT:
+                self.report[name][rows] = reply[name].to(self.report.flat)
+            else:
+                self.report[name].add_(reply[name].to(self.report.flat))
+        self.report["reported"][rows] = 1.0
+        for client in reply["rejected"].tolist():
+            self.report["rejected"][slots[int(client)]] = 1.0
+        if "vectors" in reply:
+            assert self.vectors is not None
+            self.vectors["vectors"][rows] = reply["vectors"].to(self.vectors.flat)
 
     def record_optimizer(self, slot: int, vector: Tensor, started: Tensor) -> None:
         """The client's optimizer state after training (``optimizer_state="persist"``): into the
@@ -209,3 +252,22 @@ class RoundState:
     def rejected_count(self) -> int:
         """Clients of the round whose replies were rejected (over every process, once reduced)."""
         return int((self.report["rejected"] > 0).sum())
+
+
+def core_report(num_clusters: int, num_classes: int, optimizer_started: bool) -> dict[str, StateEntry]:
+    """The segments every round reports: per client its ω [K], label sums [C, K], whether it was
+    reported or rejected (the roster: a node's reply lists the clients instead, ``ROSTER``) and
+    (persistent optimizer state over several processes) its started flags [K]; summed over
+    clients, the server weights [K + 1] (the last: shared layers) and the metric sums [3]."""
+    k, client, scalar = num_clusters, Scope.CLIENT, Scope.SCALAR
+    fields = {
+        "omega": StateEntry("omega", client, (k,), reported=True),
+        "label_sums": StateEntry("label_sums", client, (num_classes, k), reported=True),
+        "reported": StateEntry("reported", client, reported=True),
+        "rejected": StateEntry("rejected", client, reported=True),
+        "weights": StateEntry("weights", scalar, (k + 1,), reported=True, reduction="sum"),
+        "metrics": StateEntry("metrics", scalar, (3,), reported=True, reduction="sum"),
+    }
+    if optimizer_started:
+        fields["optimizer_started"] = StateEntry("optimizer_started", client, (k,), reported=True)
+    return fields

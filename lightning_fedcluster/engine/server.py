@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import Algorithm
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.algorithms.server_view import RoundOutcome
 from lightning_fedcluster.engine.optimizer_state import store_state
 from lightning_fedcluster.engine.round import RoundState
@@ -18,22 +18,27 @@ from lightning_fedcluster.engine.task import Task
 
 
 def record_round(rule: Algorithm, state: ClientState, round_state: RoundState, train_offsets: Tensor) -> None:
-    """Store the reduced reports of the round's clients in the client store."""
+    """Store the reduced reports of the round's clients in the client store: ω, label sums and
+    participation, then the rule's reported entries by their declared scope and reduction (a
+    client's row, its samples' rows, or the round's sum or mean over its reporting clients)."""
     buffer = round_state.report
     reported = round_state.reported_slots()
     clients = round_state.clients[reported]
     state.record(clients, buffer["omega"].cpu()[reported], buffer["label_sums"].cpu()[reported])
     slots = reported.nonzero().flatten().tolist()
-    for name in round_state.reported_state:
-        values, target = buffer[f"extra.{name}"].cpu(), state.extra[name]
-        if name in round_state.per_sample:
+    for name, entry in round_state.rule_fields.items():
+        values, target = buffer[name].cpu(), state.extra[entry.name]
+        if entry.scope == Scope.SAMPLE:
             for slot in slots:
                 client = int(round_state.clients[slot])
                 start, stop = (int(v) for v in round_state.sample_offsets[slot : slot + 2])
                 rows = slice(int(train_offsets[client]), int(train_offsets[client + 1]))
                 target[rows] = values[start:stop].to(target.dtype)
-        else:
+        elif entry.scope == Scope.CLIENT:
             target[clients] = values[reported].to(target.dtype)
+        elif slots:  # per cluster or for the run: the reporting clients' sum or mean
+            total = values / len(slots) if entry.reduction == "mean" else values
+            target.copy_(total.to(target.dtype))
     if round_state.optimizer is not None:  # the summed buffer (else already in the store)
         states = round_state.optimizer["vectors"].cpu()
         started = round_state.report["optimizer_started"].cpu() > 0

@@ -31,21 +31,23 @@ def reply_problems(round_state: RoundState, sections: Sections, sent: list[int])
     trained, rejected = (t.tolist() for t in ids)
     if sorted(trained + rejected) != sorted(sent):
         return [f"it reports clients {trained} and rejected {rejected}, but was sent {sent}"]
-    n, (k, c) = len(trained), (len(round_state.delta_sum), round_state.report["label_sums"].shape[1])
+    n, k = len(trained), len(round_state.delta_sum)
     declared: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
         name: (tuple(t.shape), torch.float64)
         for name, t in records.snapshot_tensors((round_state.delta_sum, round_state.delta_shared)).items()
     }
     problems = shape_problems(update, declared)
-    shapes = {"omega": (n, k), "label_sums": (n, c, k), "weights": (k + 1,), "metrics": (3,)}
-    reported = {name: (shape, torch.float64) for name, shape in shapes.items()}
+    # The report's segments as the round declares them (``RoundState.reply_shapes``).
+    segments = round_state.reply_shapes(n)
+    reported = {name: (shape, torch.float64) for name, shape in segments.items()}
     reported |= {"clients": ((n,), torch.long), "rejected": ((len(rejected),), torch.long)}
     if round_state.vectors is not None:
         reported["vectors"] = ((n, round_state.vectors.shapes["vectors"][1]), torch.float32)
     problems += shape_problems(report, reported)
     if problems:
         return problems
-    problems = finite_problems({"label_sums": report["label_sums"], "metrics": report["metrics"]})
+    with_update = ("omega", "weights")  # checked below, with the update (summed_problems)
+    problems = finite_problems({name: report[name] for name in segments if name not in with_update})
     if "vectors" in report:
         problems += finite_problems({"vectors": report["vectors"]})
     deltas, shared = records.tensors_snapshot(update, k)
@@ -64,19 +66,7 @@ def merge(round_state: RoundState, sections: Sections, slots: dict[int, int]) ->
             round_state.delta_sum[k][i].add_(t.to(round_state.delta_sum[k][i]))
     for i, t in enumerate(shared):
         round_state.delta_shared[i].add_(t.to(round_state.delta_shared[i]))
-    report = sections["report"]
-    buffer = round_state.report
-    buffer["weights"].add_(report["weights"].to(buffer.flat))
-    buffer["metrics"].add_(report["metrics"].to(buffer.flat))
-    for row, client in enumerate(report["clients"].tolist()):
-        slot = slots[int(client)]
-        buffer["omega"][slot] = report["omega"][row]
-        buffer["label_sums"][slot] = report["label_sums"][row]
-        buffer["reported"][slot] = 1.0
-        if "vectors" in report:
-            round_state.vectors["vectors"][slot] = report["vectors"][row].to(round_state.vectors.flat)
-    for client in report["rejected"].tolist():
-        round_state.report["rejected"][slots[int(client)]] = 1.0
+    round_state.merge(sections["report"], slots)
 
 
 def merge_store(

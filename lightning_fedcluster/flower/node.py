@@ -5,9 +5,10 @@ loop executor's own turn functions (``engine/executors/loop.py``).
 What stays on the node, in ``context.state``: every client's ω, label sums, algorithm state
 (FedRC-Adam γ and moments), persistent optimizer state and FedSoft personal model. What it
 sends: the float64 sums of its clients' weighted updates Σ w·(θ_local − θ_k) per cluster with
-their weights, the clients' ω and (noised, FedRC App. E) label sums, and the summed training
-metrics; the clients' trained models or updates when the rule's server needs them (CFL,
-FeSEM's first round); for an estimation pass, its clients' estimates (FedSoft's importance).
+their weights, and the round's report as declared (``RoundState.reply``: the clients' ω and
+(noised, FedRC App. E) label sums, the summed training metrics, the rule's reported entries but
+the per-sample ones); the clients' trained models or updates when the rule's server needs them
+(CFL, FeSEM's first round); for an estimation pass, its clients' estimates (FedSoft's importance).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.client import client_context
@@ -246,20 +247,15 @@ class NodeRuntime:
 
     @staticmethod
     def reply(round_state: RoundState, clients: list[int], send_vectors: bool) -> RecordDict:
-        """The node's summed updates and the reports of its clients that passed the reply checks
-        here (``clients``); those that did not are listed as ``rejected`` (and logged here)."""
+        """The node's summed updates and its report (``RoundState.reply``: the clients that passed
+        the reply checks here, those that did not as ``rejected`` (logged here), and every declared
+        segment but the per-sample ones), plus its clients' vectors when the server's rule reads
+        them."""
         for rejection in round_state.rejections:
             log.warning("%s", rejection)
         deltas = records.snapshot_tensors((round_state.delta_sum, round_state.delta_shared))
-        ids, reported = torch.tensor(clients, dtype=torch.long), round_state.reported_slots()
-        report = {
-            "clients": ids[reported],
-            "rejected": ids[~reported],
-            "omega": round_state.report["omega"][reported],
-            "label_sums": round_state.report["label_sums"][reported],
-            "weights": round_state.report["weights"],
-            "metrics": round_state.report["metrics"],
-        }
+        report = round_state.reply(torch.tensor(clients, dtype=torch.long))
+        reported = round_state.reported_slots()
         if send_vectors:  # CFL's updates, FeSEM's first-round models: the rule's server needs them
             report["vectors"] = round_state.vectors["vectors"][reported]
         return records.pack({"update": deltas, "report": report})
@@ -342,15 +338,16 @@ class NodeRuntime:
 
 
 def take_pushed(state: ClientState, info: dict[str, Tensor], rows: Tensor) -> None:
-    """The client-store entries the server's actions own (``store.<name>``: FedSoft's importance,
-    ω after a Reassign), for this round's clients (``rows`` of the node's store)."""
+    """The client-store entries the server sends (``store.<name>``: ω after a Reassign, the
+    entries the server owns, the per-cluster and run-wide ones), by their declared scope: a
+    per-client entry for this round's clients (``rows`` of the node's store), the others whole."""
     for key, value in info.items():
         if not key.startswith("store."):
             continue
         name = key.removeprefix("store.")
         if name == "omega":
             state.omega[rows] = value.to(state.omega.dtype)
-        elif value.dim() == 0:
-            state.extra[name] = value.to(state.extra[name].dtype).clone()
-        else:
+        elif state.entries[name].scope == Scope.CLIENT:
             state.extra[name][rows] = value.to(state.extra[name].dtype)
+        else:
+            state.extra[name] = value.to(state.extra[name].dtype).clone()

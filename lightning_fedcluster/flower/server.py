@@ -314,11 +314,25 @@ class FlowerServer:
         if round_state.membership is not None:
             info["membership"] = round_state.membership
         rows = torch.tensor(clients, dtype=torch.long)
-        for name in sorted(self.pushed):
-            value = state.omega if name == "omega" else state.extra[name]
-            per_client = value.dim() > 0 and value.shape[0] == state.num_clients
-            info[f"store.{name}"] = value[rows] if per_client else value
+        for name in self.sent_entries(state):
+            if name == "omega":
+                info["store.omega"] = state.omega[rows]
+            elif state.entries[name].scope == Scope.CLIENT:
+                info[f"store.{name}"] = state.extra[name][rows]
+            else:
+                info[f"store.{name}"] = state.extra[name]
         return records.pack({"server": self.server_entries(state, info), "config": config}, models)
+
+    def sent_entries(self, state: ClientState) -> list[str]:
+        """The client-store entries a round's message carries, by their declaration: those the
+        server owns (clients only read them), the per-cluster and run-wide ones (the server holds
+        the reduced value), and ω or a client's reported rows once an action rewrote them."""
+        sent = {
+            name
+            for name, entry in state.entries.items()
+            if entry.scope != Scope.SAMPLE and (not entry.reported or entry.scope != Scope.CLIENT)
+        }
+        return sorted(sent | self.pushed)
 
     def train_round(
         self, grid: Grid, federation: Federation, round_state: RoundState, state: ClientState

@@ -1,7 +1,9 @@
 """The Flower server checks every node's reply before it merges it (``engine/reply_checks.py``):
 a poisoned reply (NaN, ×1e6, ω off the simplex, other shapes, garbage) is left out of the round,
 named with its node and clients and counted, and the run ends with the weights of a run that
-dropped the same client-rounds; a round in which no reply is accepted stops the run."""
+dropped the same client-rounds; a round in which no reply is accepted stops the run. The server
+merges what its nodes send as declared (scope, reduction), per-cluster entries included when K
+equals the number of clients, into the same store as the Lightning engine."""
 
 from __future__ import annotations
 
@@ -11,9 +13,13 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster import FederatedStrategy
+from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.federation import NoClientsError
 from lightning_fedcluster.flower import FlowerApps, read_run, records
+from lightning_fedcluster.models import MLPClassifier
 from tests.engine.test_reply_checks import LOUD, loud_datamodule
+from tests.engine.test_round import K, M, TallyIFCA, _fit
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
 
@@ -144,3 +150,21 @@ def test_a_client_rejected_on_its_node_equals_the_lightning_engine(task_identity
         torch.testing.assert_close(flower.state_dict()[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
     assert f"the reply of client {LOUD} is rejected" in caplog.text
     assert not bool(flower.client_state.seen[LOUD]) and flower.round_metrics["train/rejected"] == 1.0
+
+
+def test_declared_entries_of_every_scope_merge_as_on_lightning(task_identity):
+    apps = FlowerApps(
+        lambda: FederatedStrategy(algorithm=TallyIFCA(K), local_steps=2, executor="loop"),
+        MLPClassifier,
+        lambda: DigitsFederated(num_clients=M, concepts=1, seed=0),
+        num_rounds=2,
+        collect_client_state=True,
+    )
+    flower, _ = run_local(apps, partitions(2))
+    lightning, _ = _fit("loop")
+    for name in ("mass", "last_round", "mean_size", "bias"):
+        assert torch.equal(flower.client_state.extra[name], lightning.client_state.extra[name]), name
+    assert torch.equal(flower.client_state.omega, lightning.client_state.omega)
+    for k in range(K):
+        for a, b in zip(flower.cluster_tensors(k), lightning.cluster_tensors(k), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
