@@ -20,6 +20,7 @@ from lightning_fedcluster.algorithms.server_view import RoundOutcome
 __all__ = [
     "ActionTarget",
     "CopyCluster",
+    "MergeClusters",
     "Note",
     "Reassign",
     "RemoveClusters",
@@ -113,6 +114,26 @@ class RemoveClusters(ServerAction):
 
     def apply(self, target: ActionTarget) -> None:
         target.client_state.remove_clusters(self.mask, self.renormalise)
+
+
+@dataclass(frozen=True)
+class MergeClusters(ServerAction):
+    """Cluster ``source`` merges into cluster ``target``, which keeps its model: every client's ω
+    and label-sum mass on ``source`` moves to ``target`` (with the per-sample mixtures named in
+    ``mixtures``, e.g. FedRC-Adam's γ), then ``source`` is removed. A Flower deployment sends the
+    moved ω and label sums to the nodes with their clients' next round; per-sample mixtures stay
+    on the nodes, which cannot mirror their move (the Flower server refuses it by name)."""
+
+    target: int
+    source: int
+    mixtures: tuple[str, ...] = ()
+
+    @property
+    def rewrites(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("omega", "label_sums", *self.mixtures)
+
+    def apply(self, target: ActionTarget) -> None:
+        target.client_state.merge_clusters(self.source, self.target, self.mixtures)
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,30 @@ class ClientState:
             if name in self.extra:
                 self.extra[name] = _renormalise(self.extra[name] * keep, keep)
 
+    def merge_clusters(self, source: int, target: int, mixtures: Sequence[str] = ()) -> None:
+        """Cluster ``source`` merges into ``target``: every client's ω and label sums on ``source``
+        move to ``target``, and so do the per-sample mixtures named in ``mixtures`` (each declared
+        mixture must be named), then ``source`` is removed."""
+        if source == target or not bool(self.active[source] & self.active[target]):
+            raise ValueError(
+                f"cannot merge cluster {source} into {target}: both must be alive and different "
+                f"(alive: {self.active.nonzero().flatten().tolist()})"
+            )
+        declared = [name for name, entry in self.entries.items() if entry.mixture and name in self.extra]
+        unnamed = sorted(set(declared) - set(mixtures))
+        if unnamed:
+            raise ValueError(
+                f"merging clusters moves the per-sample mixtures {unnamed} too: name them, e.g. "
+                f"MergeClusters(target, source, mixtures={tuple(declared)!r})"
+            )
+        self.omega[:, target] += self.omega[:, source]
+        self.label_sums[..., target] += self.label_sums[..., source]
+        for name in mixtures:
+            self.extra[name][:, target] += self.extra[name][:, source]
+        remove = torch.zeros_like(self.active)
+        remove[source] = True
+        self.remove_clusters(remove, mixtures)
+
     def split_cluster(self, source: int, target: int, clients: Tensor, to_target: Tensor) -> None:
         """Move the fraction ``to_target`` [n] of each client's ω and label sums on ``source`` to
         ``target`` (alive from now on), and restart every client's optimizer state for ``target``."""

@@ -83,7 +83,8 @@ def merge_store(
     rows = clients.tolist()
     if "omega" not in owned:
         state.omega[clients] = stored["omega"]
-    state.label_sums[clients] = stored["label_sums"]
+    if "label_sums" not in owned:
+        state.label_sums[clients] = stored["label_sums"]
     state.seen[clients] = stored["seen"]
     sizes = offsets[1:] - offsets[:-1]
     local = torch.cat([torch.zeros(1, dtype=torch.long), sizes[clients].cumsum(0)])

@@ -285,6 +285,9 @@ class NodeRuntime:
         self.copies.load(snapshot)
         info = sections["server"]
         state = self.load_state(context, info["active"])
+        if "config" in sections:  # the server's entries of the node's clients (ω after a merge)
+            rows = torch.tensor([self.row[int(c)] for c in sections["config"]["clients"]], dtype=torch.long)
+            take_pushed(state, info, rows)
         sums = torch.zeros(2, dtype=torch.float64)
         for row, client in enumerate(self.clients.tolist()):
             x, y = self.datamodule.val_split(client)
@@ -338,15 +341,17 @@ class NodeRuntime:
 
 
 def take_pushed(state: ClientState, info: dict[str, Tensor], rows: Tensor) -> None:
-    """The client-store entries the server sends (``store.<name>``: ω after a Reassign, the
-    entries the server owns, the per-cluster and run-wide ones), by their declared scope: a
-    per-client entry for this round's clients (``rows`` of the node's store), the others whole."""
+    """The client-store entries the server sends (``store.<name>``: ω and label sums after a
+    server action rewrote them, the entries the server owns, the per-cluster and run-wide ones),
+    by their declared scope: a per-client entry for the message's clients (``rows`` of the node's
+    store), the others whole."""
     for key, value in info.items():
         if not key.startswith("store."):
             continue
         name = key.removeprefix("store.")
-        if name == "omega":
-            state.omega[rows] = value.to(state.omega.dtype)
+        if name in ("omega", "label_sums"):
+            stored = getattr(state, name)
+            stored[rows] = value.to(stored.dtype)
         elif state.entries[name].scope == Scope.CLIENT:
             state.extra[name][rows] = value.to(state.extra[name].dtype)
         else:

@@ -48,8 +48,12 @@ def unsupported_reason(strategy: Any) -> str | None:
     rule: Algorithm = strategy.algorithm
     if getattr(strategy, "finetune_epochs", 0):
         return "finetune_epochs (FedRC-FT) fine-tunes at evaluation, which the Flower apps do not run"
-    if getattr(rule, "reseed_threshold", None) is not None:
-        return "reseed_threshold splits the clients' ω and γ of a cluster, which the nodes do not mirror"
+    persists = getattr(strategy, "local_optimizer_state", "reset") == "persist"
+    if getattr(rule, "reseed_threshold", None) is not None and persists:
+        return (
+            "reseed_threshold with optimizer_state='persist': its split restarts every client's "
+            "optimizer state for the re-seeded cluster, which the nodes hold (use optimizer_state='reset')"
+        )
     capabilities = rule.capabilities
     if capabilities.personal_mixing or capabilities.personal_copies != 1:
         return "it mixes the clients' personal models on the server (D-FedEM)"
@@ -130,7 +134,7 @@ def check_supported(strategy: Any) -> None:
         raise NotImplementedError(
             f"{type(strategy).__name__} ({type(strategy.algorithm).__name__}) is not supported on Flower "
             f"yet: {reason}. Supported: FedRCStrategy (with adam_gamma, label_noise_std, "
-            "removal_threshold, server_optimizer), FedEMStrategy, IFCAStrategy, FedSoftStrategy, "
-            "FeSEMStrategy, WeCFLStrategy, CFLStrategy, FedAvgStrategy, FedProxStrategy; run the others "
-            "with the Lightning engine"
+            "removal_threshold, reseed_threshold, server_optimizer), FedEMStrategy, IFCAStrategy, "
+            "FedSoftStrategy, FeSEMStrategy, WeCFLStrategy, CFLStrategy, FedAvgStrategy, FedProxStrategy; "
+            "run the others with the Lightning engine"
         )

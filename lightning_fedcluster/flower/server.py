@@ -211,11 +211,15 @@ class FlowerServer:
         return 0
 
     def check_action(self, action: ServerAction, state: ClientState) -> None:
-        """Before a rule's action applies: the client-store entries it rewrites go to the nodes
-        with every later round; entries the nodes alone hold (label sums, per-sample state,
-        optimizer state) cannot be rewritten by the server yet."""
-        pushable = {"omega"} | {name for name in state.extra if state.entries[name].scope != Scope.SAMPLE}
+        """Before a rule's action applies: the client-store entries it rewrites (ω, label sums, the
+        rule's per-client and run-wide entries) go to the nodes with every later round; entries
+        the nodes alone hold (per-sample state, persistent optimizer state) cannot be rewritten by
+        the server yet, and an action that would is refused by name."""
+        pushable = {"omega", "label_sums"}
+        pushable |= {name for name in state.extra if state.entries[name].scope != Scope.SAMPLE}
         for name in action.rewrites:
+            if name == "optimizer" and not self.plan.persists_optimizer_state:
+                continue  # the nodes keep no optimizer state between rounds: nothing to restart
             if name not in pushable:
                 raise NotImplementedError(
                     f"the Flower server cannot carry out {type(action).__name__} yet: it rewrites the "
@@ -270,10 +274,19 @@ class FlowerServer:
 
     def evaluate(self, grid: Grid, federation: Federation, state: ClientState) -> dict[str, float]:
         """A validation pass on the nodes (each client's validation rows under its own ω or
-        personal model): ``val/local_acc`` (``val/local_mse``) over every answering node's rows."""
-        content = records.pack({"server": self.server_entries(state)}, self.models_record())
+        personal model): ``val/local_acc`` (``val/local_mse``) over every answering node's rows.
+        Each node gets the entries the server holds for its clients (ω after a merge or a
+        reassignment), as a round's message does for its sampled clients."""
+        models = self.models_record()
         nodes = sorted(set(federation.owner.values()) - federation.lost)
-        messages = [Message(content, n, "query.evaluate") for n in nodes]
+        messages = []
+        for node in nodes:
+            clients = sorted(c for c, owner in federation.owner.items() if owner == node)
+            sections = {
+                "server": self.server_entries(state, self.store_entries(state, clients)),
+                "config": {"clients": torch.tensor(clients, dtype=torch.long)},
+            }
+            messages.append(Message(records.pack(sections, models), node, "query.evaluate"))
         sums = torch.zeros(2, dtype=torch.float64)
         for node, reply in exchange(grid, messages, self.round_timeout):
             if reply.has_error():
@@ -313,15 +326,22 @@ class FlowerServer:
         info = round_hyperparameters(self.solver)
         if round_state.membership is not None:
             info["membership"] = round_state.membership
-        rows = torch.tensor(clients, dtype=torch.long)
-        for name in self.sent_entries(state):
-            if name == "omega":
-                info["store.omega"] = state.omega[rows]
-            elif state.entries[name].scope == Scope.CLIENT:
-                info[f"store.{name}"] = state.extra[name][rows]
-            else:
-                info[f"store.{name}"] = state.extra[name]
+        info.update(self.store_entries(state, clients))
         return records.pack({"server": self.server_entries(state, info), "config": config}, models)
+
+    def store_entries(self, state: ClientState, clients: list[int]) -> dict[str, Tensor]:
+        """``store.<name>`` for every entry ``sent_entries`` names: the rows of ``clients`` of a
+        per-client entry (ω, label sums, the rule's), a per-cluster or run-wide entry whole."""
+        rows = torch.tensor(clients, dtype=torch.long)
+        entries: dict[str, Tensor] = {}
+        for name in self.sent_entries(state):
+            if name in ("omega", "label_sums"):
+                entries[f"store.{name}"] = getattr(state, name)[rows]
+            elif state.entries[name].scope == Scope.CLIENT:
+                entries[f"store.{name}"] = state.extra[name][rows]
+            else:
+                entries[f"store.{name}"] = state.extra[name]
+        return entries
 
     def sent_entries(self, state: ClientState) -> list[str]:
         """The client-store entries a round's message carries, by their declaration: those the

@@ -1,5 +1,6 @@
 """algorithms/actions.py: every action on a hand-built server state; an action that replaces a
-cluster's model (``ReplaceModel``) always restarts that cluster's server-optimizer state."""
+cluster's model (``ReplaceModel``) always restarts that cluster's server-optimizer state; a merge
+moves the removed cluster's mass."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from lightning_fedcluster.algorithms.actions import (
     CopyCluster,
+    MergeClusters,
     Note,
     Reassign,
     RemoveClusters,
@@ -16,7 +18,7 @@ from lightning_fedcluster.algorithms.actions import (
     SetState,
     SplitCluster,
 )
-from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
 
 
 class Target:
@@ -77,3 +79,31 @@ def test_a_model_replacement_cannot_skip_the_restart():
         class Sneaky(ReplaceModel):  # noqa: F841 - defining it is the test
             def apply(self, target):
                 pass
+
+
+def test_merge_moves_the_removed_clusters_mass_and_keeps_the_models():
+    target = Target()
+    state = target.client_state
+    state.omega[0] = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    state.label_sums[0, 1] = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    action = MergeClusters(target=0, source=2)
+    assert action.rewrites == ("omega", "label_sums")
+    action.apply(target)
+    assert state.active.tolist() == [True, True, False]
+    torch.testing.assert_close(state.omega[0], torch.tensor([0.7, 0.3, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(state.omega[1], torch.tensor([2 / 3, 1 / 3, 0.0], dtype=torch.float64))
+    assert state.label_sums[0, 1].tolist() == [5.0, 2.0, 0.0]
+    assert target.global_clusters[0][0].tolist() == [0.0, 0.0] and target.replaced == []
+    with pytest.raises(ValueError, match="both must be alive"):
+        MergeClusters(target=0, source=2).apply(target)
+
+
+def test_merge_moves_the_declared_per_sample_mixtures_it_names():
+    state = ClientState.initial(1, 2, 3, (StateEntry("gamma", Scope.SAMPLE, (3,), mixture=True),), 2)
+    state.extra["gamma"] = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="mixtures=\\('gamma',\\)"):
+        state.merge_clusters(2, 1)
+    state.merge_clusters(2, 1, ("gamma",))
+    torch.testing.assert_close(
+        state.extra["gamma"], torch.tensor([[0.6, 0.4, 0.0], [0.2, 0.8, 0.0]], dtype=torch.float64)
+    )

@@ -66,3 +66,36 @@ def test_the_registered_name_builds_the_same_rule():
     registered = _fit(named).lightning_module
     for a, b in zip(plain.state_dict().values(), registered.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def _merging(example: dict, executor: str, epsilon: float = 10.0, **options) -> FederatedStrategy:
+    """The page's merge rule; ε = 10 merges a pair every round (independently initialised models
+    are about √2 apart, relatively), so a 3-round run goes from 4 clusters to 1."""
+    rule = example["MergingFedRC"](4, epsilon=epsilon, **options)
+    return FederatedStrategy(algorithm=rule, local_steps=2, executor=executor)
+
+
+def test_the_one_file_merge_rule_merges_alike_on_both_executors():
+    example = _example()
+    loop, vectorized = (_fit(_merging(example, e)) for e in ("loop", "vectorized"))
+    assert vectorized.lightning_module.executor == "vectorized"
+    state, other = loop.lightning_module.client_state, vectorized.lightning_module.client_state
+    assert state.active.tolist() == other.active.tolist() and int(state.active.sum()) == 1
+    assert torch.all(state.omega[:, ~state.active] == 0) and torch.all(
+        state.label_sums[..., ~state.active] == 0
+    )
+    torch.testing.assert_close(state.omega.sum(1), torch.ones(6, dtype=torch.float64))  # mass moved, not lost
+    torch.testing.assert_close(state.omega, other.omega, rtol=1e-5, atol=1e-6)
+    for a, b in zip(
+        loop.lightning_module.state_dict().values(),
+        vectorized.lightning_module.state_dict().values(),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_registered_merge_rule_keeps_distinct_clusters():
+    """At the page's ε = 0.05 the independently initialised clusters never merge."""
+    named = _example()["MergingFedRCStrategy"](4, local_steps=2, executor="loop")
+    assert type(named.algorithm).__name__ == "MergingFedRC" and named.algorithm.epsilon == 0.05
+    assert _fit(named, rounds=2).lightning_module.client_state.active.tolist() == [True] * 4

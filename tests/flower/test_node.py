@@ -122,7 +122,10 @@ def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
     ("strategy", "named"),
     [
         (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy (DFedEM) is not supported on Flower yet: it mixes"),
-        (lambda: lf.FedRCStrategy(3, reseed_threshold=0.05), "reseed_threshold splits"),
+        (
+            lambda: lf.FedRCStrategy(3, reseed_threshold=0.05, optimizer_state="persist"),
+            "reseed_threshold with optimizer_state='persist'",
+        ),
         (lambda: lf.FedRCStrategy(2, finetune_epochs=1), "finetune_epochs (FedRC-FT)"),
     ],
 )

@@ -5,6 +5,8 @@ summation order; with the user's LR schedule and a server optimizer too."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -176,3 +178,27 @@ def test_the_nodes_validation_pass_equals_the_lightning_engines(name, task_ident
     # Lightning keeps its logged metric as a float32 tensor.
     assert flower[-1] == pytest.approx(float(trainer.callback_metrics["val/local_acc"]), abs=1e-6)
     assert 0.0 < flower[-1] <= 1.0
+
+
+def test_a_reseeding_split_runs_on_flower_as_on_lightning(task_identity, caplog):
+    """FedRC's ``reseed_threshold`` splits the largest cluster into a dead one (``SplitCluster``):
+    the server sends the moved ω and label sums to the nodes; with ``optimizer_state="reset"`` the
+    nodes hold no optimizer state to restart."""
+
+    def strategy():
+        return lf.FedRCStrategy(3, local_steps=2, reseed_threshold=0.34, executor="loop")
+
+    apps = FlowerApps(
+        strategy, workload.make_module, workload.make_datamodule, num_rounds=3, collect_client_state=True
+    )
+    with caplog.at_level(logging.INFO, logger="lightning_fedcluster.flower"):
+        flower, _ = run_local(apps, partitions(2))
+    assert any("re-seeded cluster" in record.getMessage() for record in caplog.records)
+    trainer = make_trainer(strategy(), max_epochs=3)
+    trainer.fit(workload.make_module(), datamodule=workload.make_datamodule())
+    lightning = trainer.lightning_module
+    torch.testing.assert_close(flower.client_state.omega, lightning.client_state.omega, rtol=0, atol=1e-12)
+    torch.testing.assert_close(flower.client_state.label_sums, lightning.client_state.label_sums)
+    for k in range(3):
+        for a, b in zip(flower.cluster_tensors(k), lightning.cluster_tensors(k), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -27,8 +27,8 @@ DISTRIBUTED_VARIABLES = {
 
 STRATEGIES = [
     "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_bf16",
-    "fedrc_server_adam", "fedrc_reseed", "fedem", "dfedem", "ifca", "fesem", "wecfl", "fedsoft", "cfl",
-    "fedavg", "fedprox",
+    "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedem", "dfedem", "ifca", "fesem", "wecfl",
+    "fedsoft", "cfl", "fedavg", "fedprox",
 ]  # fmt: skip
 EXECUTORS = ["loop", "vectorized"]
 RUNS = [f"fedrc:{executor}" for executor in EXECUTORS] + STRATEGIES
@@ -117,6 +117,15 @@ def test_every_strategy_gives_the_same_result_on_two_processes(runs, strategy):
         assert torch.equal(value, second["server_optimizer"][key]), key
     rank0, rank1 = _clients(two / "clients_rank0.json"), _clients(two / "clients_rank1.json")
     assert rank0 and rank1 and not rank0 & rank1
+
+
+def test_the_docs_merge_rule_merged_on_both_process_counts(runs):
+    """``fedrc_merge`` (the docs' one-file rule) merged a pair after each of its first two rounds;
+    the merges are decided from the all-reduced models, identical on every process."""
+    for path in runs:
+        state = torch.load(path / "fedrc_merge" / "result.pt")["client_state"]
+        assert state["active"].tolist().count(True) == 1
+        torch.testing.assert_close(state["omega"].sum(1), torch.ones(12, dtype=torch.float64))
 
 
 def test_the_file_store_trains_exactly_as_the_memory_store_on_both_process_counts(runs):

@@ -20,6 +20,13 @@ from lightning_fedcluster.models import MLPClassifier
 from lightning_fedcluster.prediction import concat_predictions
 
 
+def docs_example() -> dict:
+    """The rules defined on the docs' "Adding an algorithm" page, run as written."""
+    from tests.docs.test_new_algorithm import _example
+
+    return _example()
+
+
 class RecordClients(pl.Callback):
     """Remembers which (round, client) pairs this process simulated."""
 
@@ -80,6 +87,10 @@ STRATEGIES = {
     "wecfl": lambda cpr: lf.WeCFLStrategy(3, clients_per_round=cpr, local_steps=3),
     "fedsoft": lambda cpr: lf.FedSoftStrategy(3, selection_size=3, local_steps=3),
     "cfl": lambda cpr: lf.CFLStrategy(3, local_steps=3, eps1=1e6, eps2=1e-6),
+    # The docs' one-file merge rule (docs/how-to/new-algorithm.md); ε = 10 merges a pair every round.
+    "fedrc_merge": lambda cpr: lf.FederatedStrategy(
+        algorithm=docs_example()["MergingFedRC"](3, epsilon=10.0), clients_per_round=cpr, local_steps=3
+    ),
     "fedavg": lambda cpr: lf.FedAvgStrategy(clients_per_round=cpr, local_steps=3),
     "fedprox": lambda cpr: lf.FedProxStrategy(mu=0.1, clients_per_round=cpr, local_steps=3),
 }
