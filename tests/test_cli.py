@@ -156,6 +156,19 @@ def test_a_strategy_typo_on_the_command_line_fails_before_training(tmp_path, cap
     assert "Option 'num_cluster' is not accepted" in capsys.readouterr().err
 
 
+def test_the_strategys_choices_are_typed_and_checked_by_the_cli(tmp_path, capsys):
+    """``executor``, ``optimizer_state``, ``optimizer_state_dtype`` and ``server_optimizer`` are
+    ``Literal`` types: a value outside them stops the command line before training, naming the
+    choices; a valid one reaches the strategy."""
+    with pytest.raises(SystemExit) as stop:
+        run_cli(["fit", "--trainer.strategy.init_args.executor=fast", *small(tmp_path)])
+    assert stop.value.code != 0
+    error = capsys.readouterr().err
+    assert "executor" in error and "vectorized" in error
+    cli = run_cli(["fit", "--trainer.strategy.init_args.server_optimizer=momentum", *small(tmp_path)])
+    assert cli.trainer.strategy.plan.server_optimizer.kind == "momentum"
+
+
 def test_print_config_lists_no_ddp_wrapper_arguments(capsys):
     with pytest.raises(SystemExit):
         run_cli(["fit", "--print_config"])

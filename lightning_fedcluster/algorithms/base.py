@@ -21,6 +21,7 @@ from the defaults (soft mixture, every active cluster trained, weight N_i).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -39,6 +40,8 @@ from lightning_fedcluster.algorithms.mixture import (
 from lightning_fedcluster.algorithms.protocols import Capabilities
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
 
+RoundVectors = Literal["model", "update"]  # what ``after_round`` may read per client (outcome.vectors)
+
 __all__ = [  # the client turn's types are re-exported: rules import them from here
     "Algorithm",
     "ClientContext",
@@ -47,6 +50,7 @@ __all__ = [  # the client turn's types are re-exported: rules import them from h
     "Contribution",
     "HardAssignment",
     "LocalPlan",
+    "RoundVectors",
     "ServerRule",
     "SoftMixture",
     "argmin_active",
@@ -178,7 +182,7 @@ class ServerRule:
         """Clusters alive at the start (CFL starts with one)."""
         return torch.ones(self.num_clusters, dtype=torch.bool)
 
-    def round_vectors(self, state: ClientState | ClientStoreView | None) -> str | None:
+    def round_vectors(self, state: ClientState | ClientStoreView | None) -> RoundVectors | None:
         """Which per-client flat vector ``after_round`` reads in ``outcome.vectors`` this round:
         "model" (the locally trained copy), "update" (that copy minus its global model), or None.
         (A rule with ``PersonalModels`` gets its clients' personal models instead.)"""

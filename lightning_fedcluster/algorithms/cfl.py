@@ -16,7 +16,13 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import CopyCluster, Note, Reassign, ServerAction
 from lightning_fedcluster.algorithms.assignment import assignment_report
-from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, HardAssignment, LocalPlan
+from lightning_fedcluster.algorithms.base import (
+    ClientContext,
+    ClientReport,
+    HardAssignment,
+    LocalPlan,
+    RoundVectors,
+)
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.server_view import ServerView
 
@@ -73,7 +79,7 @@ class CFL(HardAssignment):
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
         return LocalPlan(clusters=(int(torch.argmax(report.omega)),))
 
-    def round_vectors(self, state: ClientState | None) -> str | None:
+    def round_vectors(self, state: ClientState | None) -> RoundVectors | None:
         return "update"
 
     def after_round(self, server: ServerView) -> list[ServerAction]:

@@ -26,6 +26,7 @@ from lightning_fedcluster.algorithms.base import (
     Contribution,
     HardAssignment,
     LocalPlan,
+    RoundVectors,
     argmin_active,
     one_hot,
     with_omega,
@@ -83,7 +84,7 @@ class FeSEM(HardAssignment, ModelDistances):
         """Whether the K-means centres exist yet (the server sets it after the first round)."""
         return (StateEntry("centres_ready", Scope.SCALAR),)
 
-    def round_vectors(self, state: ClientState | ClientStoreView | None) -> str | None:
+    def round_vectors(self, state: ClientState | ClientStoreView | None) -> RoundVectors | None:
         """The round's locally trained models, until the centres are initialised from them."""
         ready = state is None or bool(state.extra.get("centres_ready", torch.tensor(1.0)))
         return None if ready else "model"

@@ -12,12 +12,14 @@ Plain tensors only; the engine keeps the state (``engine/server_optimizer.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from torch import Tensor
 
 from lightning_fedcluster.arguments import fraction_arg, number_arg
 
-SERVER_OPTIMIZERS = ("none", "momentum", "adam")
+ServerOptimizerKind = Literal["none", "momentum", "adam"]
+SERVER_OPTIMIZERS: tuple[str, ...] = get_args(ServerOptimizerKind)
 # Reddi et al.'s defaults: β₁ = 0.9, β₂ = 0.99, τ = 1e-3; FedAvgM's β = 0.9.
 DEFAULT_MOMENTUM, DEFAULT_BETAS, DEFAULT_TAU = 0.9, (0.9, 0.99), 1e-3
 
@@ -26,7 +28,7 @@ DEFAULT_MOMENTUM, DEFAULT_BETAS, DEFAULT_TAU = 0.9, (0.9, 0.99), 1e-3
 class ServerOptimizerConfig:
     """Which server optimizer and its hyperparameters (validated on construction)."""
 
-    kind: str = "none"
+    kind: ServerOptimizerKind = "none"
     momentum: float = DEFAULT_MOMENTUM
     betas: tuple[float, float] = DEFAULT_BETAS
     tau: float = DEFAULT_TAU

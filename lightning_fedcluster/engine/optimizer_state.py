@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -21,8 +21,11 @@ from torch import Tensor, nn
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import local_optimizer
 
-OPTIMIZER_STATES = ("reset", "persist")
+OptimizerStateMode = Literal["reset", "persist"]
+StoreDtypeName = Literal["float32", "bfloat16", "float16"]
+OPTIMIZER_STATES: tuple[str, ...] = get_args(OptimizerStateMode)
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+assert tuple(STORE_DTYPES) == get_args(StoreDtypeName)
 REPORT_BYTES = 2**30  # print the store's size at fit start above 1 GB
 
 

@@ -8,14 +8,17 @@ its settings. Values are validated by the strategy that builds the plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
-from lightning_fedcluster.engine.optimizer_state import STORE_DTYPES
+from lightning_fedcluster.engine.optimizer_state import STORE_DTYPES, OptimizerStateMode, StoreDtypeName
 from lightning_fedcluster.engine.reply_checks import ReplyLimits
+
+ExecutorName = Literal["auto", "loop", "vectorized"]  # engine/executors/select.py resolves "auto"
+EXECUTORS: tuple[str, ...] = get_args(ExecutorName)
 
 
 @dataclass(frozen=True)
@@ -43,13 +46,13 @@ class TrainingPlan:
     local_epochs: int | None = None
     drop_last: bool = False
     shared_layers: tuple[str, ...] = ()
-    optimizer_state: str = "reset"
-    optimizer_state_dtype: str = "float32"
+    optimizer_state: OptimizerStateMode = "reset"
+    optimizer_state_dtype: StoreDtypeName = "float32"
     optimizer_state_dir: str | None = None
     logits_from: Any = None
     server_lr: float = 1.0
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
-    executor: str = "auto"
+    executor: ExecutorName = "auto"
     clients_per_round: int | None = None
     clients_per_chunk: int | None = None
     finetune_epochs: int = 0

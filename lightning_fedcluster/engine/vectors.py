@@ -5,6 +5,8 @@ client store; the working copies hold one client's at a time."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -13,6 +15,8 @@ from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.client import ClientWork
 from lightning_fedcluster.engine.copies import ClusterCopies
 
+VectorKind = Literal["personal", "model", "update"]
+
 
 def personal_copies(rule: Algorithm, num_clusters: int) -> range:
     """The working copies a personal model occupies: copy 0 (FedSoft) or all K (D-FedEM)."""
@@ -20,7 +24,7 @@ def personal_copies(rule: Algorithm, num_clusters: int) -> range:
     return range(copies if copies else num_clusters)
 
 
-def vector_kind(rule: Algorithm, state: ClientState | None) -> str | None:
+def vector_kind(rule: Algorithm, state: ClientState | None) -> VectorKind | None:
     """Which flat vector of each client the server receives after a round: "personal" (a rule
     with personal models: they are kept in the server's store), else what the rule's
     ``after_round`` reads (``round_vectors``: "model", "update" or None)."""

@@ -26,12 +26,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_fedcluster.algorithms.base import Algorithm
-from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
+from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig, ServerOptimizerKind
 from lightning_fedcluster.arguments import check_positive_int
 from lightning_fedcluster.engine.checkpoint import resume_hint
-from lightning_fedcluster.engine.optimizer_state import check_optimizer_state
+from lightning_fedcluster.engine.optimizer_state import (
+    OptimizerStateMode,
+    StoreDtypeName,
+    check_optimizer_state,
+)
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
-from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.plan import ExecutorName, TrainingPlan
 from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
 from lightning_fedcluster.engine.state_file import check_state_directory
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
@@ -137,14 +141,14 @@ class FederatedStrategy(DDPStrategy):
         seed: int = 0,
         finetune_epochs: int = 0,
         shared_layers: Sequence[str] = (),
-        executor: str = "auto",
+        executor: ExecutorName = "auto",
         clients_per_chunk: int | None = None,
-        optimizer_state: str = "reset",
-        optimizer_state_dtype: str = "float32",
+        optimizer_state: OptimizerStateMode = "reset",
+        optimizer_state_dtype: StoreDtypeName = "float32",
         optimizer_state_dir: str | os.PathLike[str] | None = None,
         drop_last: bool = False,
         logits_from: LogitsFrom = None,
-        server_optimizer: str = "none",
+        server_optimizer: ServerOptimizerKind = "none",
         server_momentum: float | None = None,
         server_betas: tuple[float, float] | None = None,
         server_tau: float | None = None,

@@ -13,6 +13,7 @@ from lightning_fedcluster.engine.copies import local_optimizer
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import functional_loss
 from lightning_fedcluster.engine.outputs import logits_selector
+from lightning_fedcluster.engine.plan import EXECUTORS
 from lightning_fedcluster.engine.vectorized import (
     SGDConfig,
     engine_batches,
@@ -22,7 +23,6 @@ from lightning_fedcluster.engine.vectorized import (
     stack_models,
 )
 
-EXECUTORS = ("auto", "loop", "vectorized")
 DEFAULT_CLIENTS_PER_CHUNK = 64
 # Bound on one chunk's stacked working copies (parameters, gradients, momentum: about 4 copies).
 CHUNK_MEMORY_BYTES = 512 * 2**20
