@@ -26,7 +26,8 @@ class TrainingPlan:
     """What one run trains and how.
 
     ``name``: the algorithm as the user chose it (the strategy's name without "Strategy"; FedEM
-    and FedRC share a rule class). ``rule``: the algorithm's rules (plain tensors). The local step
+    and FedRC share a rule class). ``rule``: the algorithm's rules (plain tensors), the one home
+    of K (``num_clusters`` reads it). The local step
     plan is ``local_steps`` or ``local_epochs`` passes (``drop_last``); ``optimizer_state`` is
     "reset" or "persist", whose store holds ``optimizer_state_dtype`` ("float32", "bfloat16",
     "float16") in memory, or in a file under ``optimizer_state_dir``; ``server_lr`` and
@@ -40,7 +41,6 @@ class TrainingPlan:
 
     name: str
     rule: Algorithm
-    num_clusters: int
     seed: int = 0
     local_steps: int | None = 5
     local_epochs: int | None = None
@@ -59,6 +59,11 @@ class TrainingPlan:
     precision: str = "32-true"
     max_update_norm: float | None = None
     min_clients_per_round: int = 1
+
+    @property
+    def num_clusters(self) -> int:
+        """K, as the rule has it."""
+        return self.rule.num_clusters
 
     @property
     def persists_optimizer_state(self) -> bool:

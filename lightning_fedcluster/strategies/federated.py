@@ -62,7 +62,9 @@ class FederatedStrategy(DDPStrategy):
     """Base of every clustered-FL strategy: the round schedule and the engine's process setup.
 
     Args:
-        num_clusters: K, the number of cluster models.
+        num_clusters: K, the number of cluster models: a named strategy builds its rule with it;
+            with ``algorithm=`` it may be left out (K is the rule's, its one home:
+            ``strategy.num_clusters`` and the plan's read it from the rule).
         clients_per_round: clients sampled per round (seeded by ``seed`` and the round); None = all.
         local_steps: local SGD steps per client and round (default 5 when ``local_epochs`` is None).
         local_epochs: alternatively, passes over each client's data per round, in shuffled
@@ -194,7 +196,6 @@ class FederatedStrategy(DDPStrategy):
             timeout=process_group_timeout(timeout),
             start_method=start_method,
         )
-        self.num_clusters = num_clusters
         self.clients_per_round = clients_per_round
         self.local_steps = 5 if local_steps is None and local_epochs is None else local_steps
         self.local_epochs = local_epochs
@@ -259,6 +260,11 @@ class FederatedStrategy(DDPStrategy):
         return self._algorithm
 
     @property
+    def num_clusters(self) -> int:
+        """K, read from the algorithm's rule (its one home)."""
+        return self.algorithm.num_clusters
+
+    @property
     def algorithm_name(self) -> str:
         """The algorithm as the user chose it: the strategy's name without "Strategy" (FedEM and
         FedRC share a rule class, WeCFL and FeSEM too), or the rule's class given as ``algorithm=``."""
@@ -273,7 +279,6 @@ class FederatedStrategy(DDPStrategy):
         return TrainingPlan(
             name=self.algorithm_name,
             rule=self.algorithm,
-            num_clusters=self.num_clusters,
             seed=self.seed,
             local_steps=self.local_steps,
             local_epochs=self.local_epochs,
