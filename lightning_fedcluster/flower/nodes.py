@@ -169,6 +169,28 @@ def store_rows(state: ClientState, clients: list[int]) -> dict[str, Tensor]:
     return entries
 
 
+def sent_entries(state: ClientState, clients: list[int], rewritten: set[str]) -> dict[str, Tensor]:
+    """``store.<name>`` of what a message to a node carries of the server's store, by the entries'
+    declarations: those the server owns (clients only read them) and the per-cluster and run-wide
+    ones (the server holds the reduced value), plus ω, label sums or a client's reported rows once
+    an action rewrote them (``rewritten``); a per-client entry as the rows of ``clients``."""
+    names = {
+        name
+        for name, entry in state.entries.items()
+        if entry.scope != Scope.SAMPLE and (not entry.reported or entry.scope != Scope.CLIENT)
+    }
+    rows = torch.tensor(clients, dtype=torch.long)
+    entries: dict[str, Tensor] = {}
+    for name in sorted(names | rewritten):
+        if name in ("omega", "label_sums"):
+            entries[f"store.{name}"] = getattr(state, name)[rows]
+        elif state.entries[name].scope == Scope.CLIENT:
+            entries[f"store.{name}"] = state.extra[name][rows]
+        else:
+            entries[f"store.{name}"] = state.extra[name]
+    return entries
+
+
 def restore_stores(grid: Grid, federation: Federation, state: ClientState, timeout: float | None) -> None:
     """Send every stale live node its clients' rows of the server's store (``query.restore``)."""
     nodes = sorted(federation.stale - federation.lost)

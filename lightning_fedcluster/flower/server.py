@@ -49,6 +49,7 @@ from lightning_fedcluster.flower.nodes import (
     federation_of,
     readmit,
     restore_stores,
+    sent_entries,
 )
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
@@ -281,9 +282,9 @@ class FlowerServer:
         nodes = sorted(set(federation.owner.values()) - federation.lost)
         messages = []
         for node in nodes:
-            clients = sorted(c for c, owner in federation.owner.items() if owner == node)
+            clients = federation.clients_of(node)
             sections = {
-                "server": self.server_entries(state, self.store_entries(state, clients)),
+                "server": self.server_entries(state, sent_entries(state, clients, self.pushed)),
                 "config": {"clients": torch.tensor(clients, dtype=torch.long)},
             }
             messages.append(Message(records.pack(sections, models), node, "query.evaluate"))
@@ -326,33 +327,8 @@ class FlowerServer:
         info = round_hyperparameters(self.solver)
         if round_state.membership is not None:
             info["membership"] = round_state.membership
-        info.update(self.store_entries(state, clients))
+        info.update(sent_entries(state, clients, self.pushed))
         return records.pack({"server": self.server_entries(state, info), "config": config}, models)
-
-    def store_entries(self, state: ClientState, clients: list[int]) -> dict[str, Tensor]:
-        """``store.<name>`` for every entry ``sent_entries`` names: the rows of ``clients`` of a
-        per-client entry (ω, label sums, the rule's), a per-cluster or run-wide entry whole."""
-        rows = torch.tensor(clients, dtype=torch.long)
-        entries: dict[str, Tensor] = {}
-        for name in self.sent_entries(state):
-            if name in ("omega", "label_sums"):
-                entries[f"store.{name}"] = getattr(state, name)[rows]
-            elif state.entries[name].scope == Scope.CLIENT:
-                entries[f"store.{name}"] = state.extra[name][rows]
-            else:
-                entries[f"store.{name}"] = state.extra[name]
-        return entries
-
-    def sent_entries(self, state: ClientState) -> list[str]:
-        """The client-store entries a round's message carries, by their declaration: those the
-        server owns (clients only read them), the per-cluster and run-wide ones (the server holds
-        the reduced value), and ω or a client's reported rows once an action rewrote them."""
-        sent = {
-            name
-            for name, entry in state.entries.items()
-            if entry.scope != Scope.SAMPLE and (not entry.reported or entry.scope != Scope.CLIENT)
-        }
-        return sorted(sent | self.pushed)
 
     def train_round(
         self, grid: Grid, federation: Federation, round_state: RoundState, state: ClientState

@@ -98,3 +98,30 @@ def test_a_node_claiming_a_partition_another_node_holds_is_refused_and_the_run_g
         crowded, _ = run_local(apps(), [*partitions(2), partitions(2)[1]])
     assert caplog.text.count("node 102 claims partition 1, which node 101 holds: node 102 is not used") == 1
     assert_same(run_local(apps(), partitions(2))[0], crowded)
+
+
+def test_what_nodes_get_of_the_servers_store_follows_the_declarations_when_k_equals_m():
+    """A per-cluster [K] entry goes whole and a per-client one as the nodes' clients' rows, though
+    with K == M both look alike; a client-reported per-client entry is the nodes' own (sent only
+    once an action rewrote it), ω and label sums too."""
+    from lightning_fedcluster.algorithms import Scope, StateEntry
+    from lightning_fedcluster.algorithms.client_state import ClientState
+    from lightning_fedcluster.flower.nodes import sent_entries, store_rows
+
+    entries = (
+        StateEntry("bias", Scope.CLUSTER, initial=0.5),
+        StateEntry("importance", Scope.CLIENT, (3,), initial=1 / 3),
+        StateEntry("last_round", Scope.CLIENT, reported=True),
+        StateEntry("gamma", Scope.SAMPLE, (3,), reported=True, mixture=True),
+    )
+    state = ClientState.initial(3, 2, 3, entries, num_samples=6)
+    sent = sent_entries(state, [0, 2], set())
+    assert sorted(sent) == ["store.bias", "store.importance"]
+    assert tuple(sent["store.bias"].shape) == (3,) and tuple(sent["store.importance"].shape) == (2, 3)
+    rewritten = sent_entries(state, [1], {"omega", "last_round"})
+    assert tuple(rewritten["store.omega"].shape) == (1, 3) and tuple(rewritten["store.last_round"].shape) == (
+        1,
+    )
+    rows = store_rows(state, [1])
+    assert tuple(rows["extra.bias"].shape) == (3,) and tuple(rows["extra.last_round"].shape) == (1,)
+    assert "extra.gamma" not in rows  # per-sample state stays on the nodes
