@@ -180,7 +180,9 @@ def lightning_private_names() -> set[str]:
 
 def test_private_names_of_flwr_and_lightning_are_used_only_in_the_opt_in_modules():
     paths = sorted(PACKAGE.rglob("*.py"))
-    own = own_private_names([path.read_text() for path in paths]) - lightning_private_names()
+    # Names the opt-in modules assign (``loop._pull_and_store_message = ...``) are flwr's, not ours.
+    outside = [path for path in paths if path.relative_to(PACKAGE).as_posix() not in OPT_IN]
+    own = own_private_names([path.read_text() for path in outside]) - lightning_private_names()
     users = {}
     for path in paths:
         relative = path.relative_to(PACKAGE).as_posix()
