@@ -9,9 +9,12 @@ Flower's Ray runtime with ``--cpus`` CPUs. Steady-state rounds/s excludes the fi
 ``--deployed`` adds a localhost deployment of the same workload, as docs/how-to/flower.md deploys
 it: ``flower-superlink`` with TLS and SuperNode authentication, two registered ``fedcluster flower
 supernode`` processes and ``flwr run --stream`` (``--insecure``: without TLS and keys, a local
-try); its seconds per round are the server's progress lines.
+try); its seconds per round are the server's progress lines. The deployment uses Flower's public
+paths only; ``--fast-paths`` runs it a second time with the opt-in fast paths
+(``flower/fast_paths.py``: ``fedcluster flower supernode --fast-paths`` and run config
+``fast-paths=true``), side by side.
 
-    OMP_NUM_THREADS=1 python benchmarks/flower_vs_lightning.py --rounds 10 --deployed
+    OMP_NUM_THREADS=1 python benchmarks/flower_vs_lightning.py --rounds 10 --deployed --fast-paths
 """
 
 from __future__ import annotations
@@ -76,10 +79,11 @@ client = apps.client_app()
 """
 
 
-def deployed(rounds: int, secure: bool) -> tuple[list[float], float, dict]:
+def deployed(rounds: int, secure: bool, fast: bool = False) -> tuple[list[float], float, dict]:
     """The workload on a localhost SuperLink and two ``fedcluster flower supernode`` processes,
     as docs/how-to/flower.md deploys it: TLS from the app's ``certificates.sh`` and SuperNode
-    authentication with registered keys (``secure``), or ``--insecure`` (a local try)."""
+    authentication with registered keys (``secure``), or ``--insecure`` (a local try); ``fast``:
+    with the opt-in fast paths on the SuperNodes and the ServerApp."""
     import re
     import signal
     import socket
@@ -111,6 +115,7 @@ def deployed(rounds: int, secure: bool) -> tuple[list[float], float, dict]:
         "--disable-runtime-dependency-installation",
     ]
     supernode = [str(bin_dir / "fedcluster"), "flower", "supernode", "--superlink", f"127.0.0.1:{link}"]
+    supernode += ["--fast-paths"] if fast else []
     if secure:
         subprocess.run(
             ["./certificates.sh", "localhost", "2"], cwd=app, env=env, check=True, capture_output=True
@@ -154,7 +159,7 @@ def deployed(rounds: int, secure: bool) -> tuple[list[float], float, dict]:
         started = time.perf_counter()
         done = subprocess.run(
             [str(bin_dir / "flwr"), "run", ".", "bench", "--stream", "--run-config",
-             f"num-server-rounds={rounds} eval-every=0 round-timeout=0"],
+             f"num-server-rounds={rounds} eval-every=0 round-timeout=0 fast-paths={str(fast).lower()}"],
             cwd=app, env=env, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
         total = time.perf_counter() - started
@@ -168,9 +173,13 @@ def deployed(rounds: int, secure: bool) -> tuple[list[float], float, dict]:
     return seconds, total, weights
 
 
+def steady_mean(seconds: list[float]) -> float:
+    """Seconds per round without the first round."""
+    return statistics.mean(seconds[1:] or seconds)
+
+
 def row(name: str, seconds: list[float], total: float) -> str:
-    steady = seconds[1:] or seconds
-    mean = statistics.mean(steady)
+    mean = steady_mean(seconds)
     overhead = total - sum(seconds)
     return f"{name:<44}{1 / mean:>10.2f}{mean:>10.3f}{seconds[0]:>10.2f}{overhead:>14.1f}{total:>10.1f}"
 
@@ -186,6 +195,11 @@ def main() -> None:
         action="store_true",
         help="deployed without TLS and SuperNode authentication (a local try)",
     )
+    parser.add_argument(
+        "--fast-paths",
+        action="store_true",
+        help="also deployed with the opt-in fast paths that patch flwr internals (a second row)",
+    )
     args = parser.parse_args()
     set_threads(1)
     quiet()
@@ -196,6 +210,9 @@ def main() -> None:
     if args.deployed:
         deployed_rounds, deployed_total, deployed_weights = deployed(args.rounds, secure=not args.insecure)
         deployed_gap = max(float((deployed_weights[k] - v).abs().max()) for k, v in light_weights.items())
+    if args.deployed and args.fast_paths:
+        fast_rounds, fast_total, fast_weights = deployed(args.rounds, secure=not args.insecure, fast=True)
+        fast_gap = max(float((fast_weights[k] - v).abs().max()) for k, v in light_weights.items())
     print(machine_line())
     print(f"command: {command_line()}")
     print(f"{'':<44}{'rounds/s':>10}{'s/round':>10}{'round 1':>10}{'start + end':>14}{'total':>10}")
@@ -204,9 +221,18 @@ def main() -> None:
     if args.deployed:
         how = "insecure" if args.insecure else "TLS + auth"
         print(row(f"Flower deployed (2 supernodes, {how})", deployed_rounds, deployed_total))
+        if args.fast_paths:
+            print(row(f"Flower deployed ({how}, fast paths)", fast_rounds, fast_total))
+        ratios = [("public paths", deployed_rounds)]
+        ratios += [("fast paths", fast_rounds)] if args.fast_paths else []
+        for name, seconds in ratios:
+            ratio = steady_mean(seconds) / steady_mean(flower_rounds)
+            print(f"deployed/simulated s/round, {name}: {ratio:.2f}")
     print(f"max |weight difference| after {args.rounds} rounds: {gap:.2e}")
     if args.deployed:
         print(f"max |weight difference|, deployed vs Lightning: {deployed_gap:.2e}")
+    if args.deployed and args.fast_paths:
+        print(f"max |weight difference|, deployed with fast paths vs Lightning: {fast_gap:.2e}")
 
 
 if __name__ == "__main__":

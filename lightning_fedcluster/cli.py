@@ -149,9 +149,6 @@ class FedClusterCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(MAIN_JOB_DEFAULTS)
         parser.add_argument("--figures", type=bool, default=True, help=FIGURES_HELP)
-        for action in parser._actions:
-            if action.dest == "data":
-                action.help = DATA_HELP
         self._job_parsers = [*getattr(self, "_job_parsers", []), parser]
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
@@ -242,6 +239,8 @@ def run_cli(args: ArgsType = None) -> FedClusterCLI:
         seed_everything_default=0,
         args=args,
         save_config_kwargs={"overwrite": True},
+        # How --data takes a file, at the end of each subcommand's --help.
+        parser_kwargs={name: {"epilog": f"--data: {DATA_HELP}"} for name in LightningCLI.subcommands()},
     )
 
 

@@ -12,14 +12,16 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lightning_fedcluster.engine.copies import attached_trainer
 from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.lightning_internals import hparams_name
 
 EXPORT_KEY = "fedcluster_export"  # what the exported checkpoint records about its cluster
 
 
 def detached_copy(module: pl.LightningModule) -> pl.LightningModule:
     """A deep copy of ``module`` without its trainer (the trainer is neither copied nor attached)."""
-    trainer = getattr(module, "_trainer", None)
+    trainer = attached_trainer(module)
     clone = copy.deepcopy(module, memo={id(trainer): None} if trainer is not None else {})
     clone.trainer = None
     return clone
@@ -34,7 +36,7 @@ def lightning_checkpoint(model: pl.LightningModule, extra: dict[str, Any]) -> di
         "state_dict": model.state_dict(),
     }
     if model.hparams:
-        name = getattr(model, "_hparams_name", None)  # set by save_hyperparameters(); no public accessor
+        name = hparams_name(model)
         if name is not None:
             checkpoint[model.CHECKPOINT_HYPER_PARAMS_NAME] = name
         checkpoint[model.CHECKPOINT_HYPER_PARAMS_KEY] = dict(model.hparams)
@@ -82,7 +84,8 @@ class ClusterExport:
                 stacklevel=2,
             )
         paths = {k: directory / f"cluster_{k}.ckpt" for k in active}
-        if self._trainer is not None and self.trainer.global_rank != 0:
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.global_rank != 0:
             return paths
         directory.mkdir(parents=True, exist_ok=True)
         for k, path in paths.items():

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.protocols import label_statistics
+from lightning_fedcluster.engine.copies import attached_trainer
 from lightning_fedcluster.engine.evaluation import (
     mixture_prediction,
     personal_prediction,
@@ -72,7 +73,8 @@ class NewClients:
         """ω [K] of a client without labels: the participating clients' ω weighted by their
         training samples (``inference.mixture_prior``)."""
         state = self._trained_state()
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        trainer = attached_trainer(self)
+        datamodule = trainer.datamodule if trainer is not None else None
         if datamodule is None:
             raise RuntimeError(
                 "the mixture prior weighs the participating clients by their training samples: predict "

@@ -29,6 +29,7 @@ from lightning_fedcluster.engine.checkpoint import CLIENT_STATE_KEY, CheckpointH
 from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.copies import (
     ClusterCopies,
+    attached_trainer,
     independent_copies,
     local_solver,
     tie_shared_layers,
@@ -287,8 +288,9 @@ class ClusteredModule(
         model, in the precision plugin's forward context (autocast with "bf16-mixed"): some passes
         run in hooks (the estimation pass at fit start), where Lightning enters no step context."""
         precision = contextlib.nullcontext()
-        if self._trainer is not None:
-            precision = self._trainer.precision_plugin.forward_context()
+        trainer = attached_trainer(self)
+        if trainer is not None:
+            precision = trainer.precision_plugin.forward_context()
         with precision:
             return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
 

@@ -414,3 +414,13 @@ def test_the_default_fit_writes_a_checkpoint_at_every_round_end(tmp_path):
         ["fit", "--trainer.enable_checkpointing=false", "--trainer.logger=false", *small(tmp_path)]
     )
     assert not any(isinstance(c, ModelCheckpoint) for c in none.trainer.callbacks)
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_each_subcommands_help_says_how_data_takes_a_file(subcommand, capsys):
+    from lightning_fedcluster.cli import DATA_HELP
+
+    with pytest.raises(SystemExit):
+        run_cli([subcommand, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"--data: {' '.join(DATA_HELP.split())}" in text

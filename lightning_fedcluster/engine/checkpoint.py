@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.engine.copies import local_optimizer
+from lightning_fedcluster.engine.copies import attached_trainer, local_optimizer
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.server_optimizer import SERVER_OPTIMIZER_KEY, ServerOptimizer
 
@@ -192,12 +192,9 @@ class CheckpointHooks:
 
     def on_load_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
         check_num_clusters(ckpt, self.num_clusters)
-        if (
-            self._trainer is not None
-            and self.trainer.state.fn == TrainerFn.FITTING
-            and ckpt.get("optimizer_states")
-        ):
-            check_solver_layout(ckpt["optimizer_states"][0], local_optimizer(self.models, self.trainer))
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING and ckpt.get("optimizer_states"):
+            check_solver_layout(ckpt["optimizer_states"][0], local_optimizer(self.models, trainer))
         load_server_optimizer(self.server_optimizer, ckpt)
         self.rounds_trained = int((ckpt.get(METADATA_KEY) or {}).get("rounds_trained", 0))
         state = ckpt.get(CLIENT_STATE_KEY)

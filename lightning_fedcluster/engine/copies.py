@@ -10,11 +10,23 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.seeds import CLUSTER_INIT, derive_seed
 from lightning_fedcluster.engine.schedulers import RoundScheduler, parse_optimizer_config
+
+
+def attached_trainer(module: nn.Module) -> Any:
+    """The trainer ``module`` is attached to (Lightning's public ``LightningModule.trainer``), or
+    None: a plain ``nn.Module``, or a Lightning module outside a fit (where ``trainer`` raises)."""
+    if not isinstance(module, pl.LightningModule):
+        return None
+    try:
+        return module.trainer
+    except RuntimeError:  # "... is not attached to a `Trainer`"
+        return None
 
 
 def independent_copies(module: nn.Module, num_clusters: int, seed: int) -> list[nn.Module]:
@@ -23,7 +35,7 @@ def independent_copies(module: nn.Module, num_clusters: int, seed: int) -> list[
     Identical starting models are a fixed point of the soft-clustering EM (every γ stays 1/K),
     so the copies must differ. The user's trainer is not copied along.
     """
-    trainer = getattr(module, "_trainer", None)
+    trainer = attached_trainer(module)
     memo: dict[int, Any] = {id(trainer): None} if trainer is not None else {}
     copies, resettable = [], False
     for k in range(num_clusters):

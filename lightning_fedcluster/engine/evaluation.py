@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
-from lightning_fedcluster.engine.copies import Snapshot
+from lightning_fedcluster.engine.copies import Snapshot, attached_trainer
 from lightning_fedcluster.engine.executors.loop import finetune
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.task import Task
@@ -196,7 +196,8 @@ class EvaluationHooks:
         metric = Task.of(self.task).metric
         # During a fit the ClusterMonitor logs validation with the round as its step; a test pass or
         # a trainer.validate() logs (and returns) its metrics through Lightning (None: no warning).
-        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        trainer = attached_trainer(self)
+        fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
         for name, value in metrics.items():
             self.log(
                 name,

@@ -8,6 +8,7 @@ import sys
 
 USAGE = """usage: fedcluster flower new DIR
        fedcluster flower supernode [flower-supernode options] [--poll-interval S] [--busy-window S]
+                                   [--fast-paths]
 
   new DIR      write a Flower app (pyproject.toml, fedcluster_app.py, certificates.sh, README.md)
   supernode    flower-supernode, with the ClientApp kept loaded between messages

@@ -57,7 +57,8 @@ def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> list
 
 def is_deployment(grid: Grid) -> bool:
     """A SuperLink's grid (``flwr run`` on a deployment), whose ``send_and_receive`` waits 3 s
-    between its pulls: ``exchange`` polls it itself."""
+    between its pulls: ``exchange`` polls it itself, through the public ``Grid.push_messages`` and
+    ``Grid.pull_messages``."""
     try:
         from flwr.superlink.grid.http_grid import HttpGrid
     except ImportError:  # pragma: no cover - another flwr layout: its own send_and_receive

@@ -42,7 +42,7 @@ from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.verified_files import save_verified
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store, reply_problems
-from lightning_fedcluster.flower.messaging import exchange, is_deployment, node_error, wait_for_nodes
+from lightning_fedcluster.flower.messaging import exchange, node_error, wait_for_nodes
 from lightning_fedcluster.flower.nodes import (
     Federation,
     describe_messages,
@@ -130,14 +130,7 @@ class FlowerServer:
                 self.save_path,
             )
         try:
-            if not is_deployment(grid):
-                return self.rounds(grid)
-            import importlib
-
-            from lightning_fedcluster.flower.pacing import quick_pulls
-
-            with quick_pulls(importlib.import_module("flwr.superlink.grid.http_grid")):
-                return self.rounds(grid)
+            return self.rounds(grid)
         except Exception as error:  # the last line of the stream; Flower puts it in the run's status
             log.error("run failed: %s: %s", type(error).__name__, error)
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
@@ -74,23 +75,37 @@ def simulate_apps(
     return apps.result
 
 
+class WithoutDeprecation(logging.Filter):
+    """Drops Flower's "DEPRECATED FEATURE" line about ``run_simulation`` (see below)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(isinstance(arg, str) and DEPRECATED in arg for arg in record.args or ())
+
+
+DEPRECATED = "The `run_simulation` function is deprecated"
+
+
 def run_in_simulation_runtime(server_app: Any, client_app: Any, num_supernodes: int, backend: dict) -> None:
-    """Run in-memory apps in Flower's simulation runtime, the one ``flwr run`` starts for a
-    simulation federation (``flwr.simulation.app`` calls the same ``_run_simulation``).
+    """Run in-memory apps in Flower's simulation runtime through Flower's public
+    ``flwr.simulation.run_simulation``.
 
-    Flower deprecates its Python wrapper ``run_simulation`` in favour of ``flwr run``, which loads
-    the apps from a packaged app directory in another process; ``simulate`` takes live objects
-    and returns the trained module, so it enters the runtime below that wrapper. The ``flower``
-    extra pins flwr to the versions whose runtime has this signature.
+    Flower deprecates that Python entry point in favour of ``flwr run``, which loads the apps
+    from a packaged app directory in another process; ``simulate`` takes live objects and returns
+    the trained module, so it keeps the Python entry point, and Flower's deprecation line (which
+    would tell the user to change code they did not write) is filtered out of Flower's log.
     """
-    from flwr.simulation.run_simulation import _run_simulation
-    from flwr.supercore.telemetry import EventType
+    from flwr.simulation import run_simulation
 
-    _run_simulation(
-        num_supernodes=num_supernodes,
-        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-        client_app=client_app,
-        server_app=server_app,
-        backend_name="ray",
-        backend_config=backend,
-    )
+    quiet = WithoutDeprecation()
+    flower_log = logging.getLogger("flwr")
+    flower_log.addFilter(quiet)
+    try:
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=num_supernodes,
+            backend_name="ray",
+            backend_config=backend,
+        )
+    finally:
+        flower_log.removeFilter(quiet)

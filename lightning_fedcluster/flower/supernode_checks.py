@@ -11,7 +11,6 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any
 
 log = logging.getLogger("lightning_fedcluster.flower")
 TLS_MISMATCH_EXIT = 2
@@ -89,11 +88,22 @@ def activation_hint(message: str, key: str | None) -> str:
     )
 
 
-def explain_activation_failures(connection_module: Any, key: str | None) -> None:
-    """Make Flower's SuperNode exit with ``activation_hint``'s message when it is refused."""
-    flwr_exit = connection_module.flwr_exit
+class ActivationHint(logging.Filter):
+    """A filter on Flower's logger that adds ``activation_hint``'s causes to the exit message of a
+    SuperNode the SuperLink refused (Flower logs it before it exits)."""
 
-    def exit_with_hint(code: Any, message: str | None = None, *args: Any, **kwargs: Any) -> Any:
-        return flwr_exit(code, activation_hint(message or "", key) or None, *args, **kwargs)
+    def __init__(self, key: str | None) -> None:
+        super().__init__()
+        self.key = key
 
-    connection_module.flwr_exit = exit_with_hint
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and ACTIVATION_FAILED in record.msg:
+            record.msg = activation_hint(record.msg, self.key)
+        return True
+
+
+def explain_activation_failures(key: str | None) -> ActivationHint:
+    """Make Flower's SuperNode say, when it is refused, which key and why (``activation_hint``)."""
+    hint = ActivationHint(key)
+    logging.getLogger("flwr").addFilter(hint)
+    return hint

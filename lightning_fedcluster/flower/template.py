@@ -57,6 +57,7 @@ log-dir = ""           # TensorBoard directory on the SuperLink's machine ("" : 
 save-path = "run.pt"   # the trained models, relative to the SuperLink's working directory
 checkpoint-path = "server-state.pt"  # the server's state after every round ("": none)
 resume = false         # true: go on from checkpoint-path (after the ServerApp or SuperLink went down)
+fast-paths = false     # true: shorter waits that patch flwr internals (the guide's "Fast paths")
 """
 
 APP = '''\

@@ -12,25 +12,29 @@ it, instead of resuming from wrong weights. Remote paths (``s3://`` ...) keep Li
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_fedcluster.engine.verified_files import load_verified, save_verified
 
+CheckpointPath = str | Path  # what Lightning passes a CheckpointIO as a path
 
-def is_local(path: _PATH) -> bool:
+
+def is_local(path: CheckpointPath) -> bool:
     return isinstance(get_filesystem(path), LocalFileSystem)
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` with atomic local writes and a verified content hash."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: CheckpointPath, storage_options: Any = None
+    ) -> None:
         if storage_options is not None or not is_local(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -38,7 +42,7 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(
         self,
-        path: _PATH,
+        path: CheckpointPath,
         map_location: Callable | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:

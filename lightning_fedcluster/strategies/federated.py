@@ -29,6 +29,7 @@ from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig, ServerOptimizerKind
 from lightning_fedcluster.arguments import check_positive_int
 from lightning_fedcluster.engine.checkpoint import resume_hint
+from lightning_fedcluster.engine.copies import attached_trainer
 from lightning_fedcluster.engine.optimizer_state import (
     OptimizerStateMode,
     StoreDtypeName,
@@ -41,7 +42,7 @@ from lightning_fedcluster.engine.state_file import check_state_directory
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
-from lightning_fedcluster.strategies.launchers import keep_environment
+from lightning_fedcluster.strategies.launchers import EnvironmentKeepingLaunch
 from lightning_fedcluster.strategies.precision import check_precision
 from lightning_fedcluster.strategies.process_faults import exit_status_on_sigterm, process_group_timeout
 from lightning_fedcluster.strategies.round_arguments import check_reply_arguments, check_round_arguments
@@ -58,7 +59,7 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-class FederatedStrategy(DDPStrategy):
+class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
     """Base of every clustered-FL strategy: the round schedule and the engine's process setup.
 
     Args:
@@ -378,7 +379,7 @@ class FederatedStrategy(DDPStrategy):
 
         if self._wrapped is not None and self._wrapped[0] is model:
             return self._wrapped[1]
-        trainer = getattr(model, "_trainer", None)  # attached by the trainer before connect
+        trainer = attached_trainer(model)  # attached by the trainer before connect
         clustered = ClusteredModule(
             model,
             self.num_clusters,
@@ -389,10 +390,6 @@ class FederatedStrategy(DDPStrategy):
         clustered.trainer = trainer
         self._wrapped = (model, clustered)
         return clustered
-
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        self._launcher = keep_environment(self._launcher)  # leaves os.environ as found (launchers.py)
 
     def setup_distributed(self) -> None:
         """Lightning's process-group setup, plus its orderly teardown at interpreter exit; no

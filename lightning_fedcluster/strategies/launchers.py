@@ -12,6 +12,10 @@ them: the processes it started run the same script, and Lightning's later traine
 script (``trainer.test`` after ``trainer.fit``) rely on them. It marks them as its own
 (``FEDCLUSTER_LAUNCH`` = pid:port, inherited by the processes it starts), so that a process it
 starts in any other way recognises them as stale, says so, and removes them before launching.
+
+``EnvironmentKeepingLaunch`` makes a strategy use these launchers. Lightning's launcher classes
+and the hook that picks one are private: ``lightning_internals.py`` names them (with a contract
+test), so this module uses only public names.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
-from lightning.pytorch.strategies.launchers.launcher import _Launcher
 from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_fedcluster.lightning_internals import ReplacesLauncher, ScriptLaunch, SpawnLaunch, start_method
 
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 MARKER = "FEDCLUSTER_LAUNCH"
@@ -62,48 +66,50 @@ def remove_stale_variables() -> None:
     )
 
 
-class _KeepEnvironment:
+class KeepEnvironment:
     """A launcher mixin: ``launch`` leaves the rendezvous variables as it found them (see above)."""
 
     def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
         remove_stale_variables()
-        if self._starts_script_processes():
+        if self.starts_script_processes():
             os.environ[MARKER] = f"{os.getpid()}:{self.cluster_environment.main_port}"  # type: ignore[attr-defined]
             return super().launch(function, *args, trainer=trainer, **kwargs)  # type: ignore[misc]
         with restored_environment((*LAUNCH_VARIABLES, MARKER)):
-            if self._single_process() and MARKER in os.environ:
+            if self.single_process() and MARKER in os.environ:
                 # A one-process run inside a multi-process script (each process runs it alone, as
                 # Lightning's script launch runs every line in every process): not one of the ranks.
                 for name in (*LAUNCH_VARIABLES, MARKER):
                     os.environ.pop(name, None)
             return super().launch(function, *args, trainer=trainer, **kwargs)  # type: ignore[misc]
 
-    def _starts_script_processes(self) -> bool:
+    def starts_script_processes(self) -> bool:
         """Whether this launch starts other processes that run the same script (and outlive it)."""
         return False
 
-    def _single_process(self) -> bool:
+    def single_process(self) -> bool:
         return False
 
 
-class ScriptLauncher(_KeepEnvironment, _SubprocessScriptLauncher):
-    def _starts_script_processes(self) -> bool:
+class ScriptLauncher(KeepEnvironment, ScriptLaunch):
+    def starts_script_processes(self) -> bool:
         return self.num_processes > 1 and not self.cluster_environment.creates_processes_externally
 
-    def _single_process(self) -> bool:
+    def single_process(self) -> bool:
         return self.num_processes * self.num_nodes == 1
 
 
-class MultiProcessingLauncher(_KeepEnvironment, _MultiProcessingLauncher):
+class MultiProcessingLauncher(KeepEnvironment, SpawnLaunch):
     pass
 
 
-def keep_environment(launcher: _Launcher | None) -> _Launcher | None:
-    """The same launcher (its state copied), leaving ``os.environ`` as it found it."""
-    kinds = ((_SubprocessScriptLauncher, ScriptLauncher), (_MultiProcessingLauncher, MultiProcessingLauncher))
-    for base, kept in kinds:
-        if type(launcher) is base:
-            copy = object.__new__(kept)
-            copy.__dict__.update(launcher.__dict__)
-            return copy
-    return launcher
+class EnvironmentKeepingLaunch(ReplacesLauncher):
+    """A strategy mixin: Lightning's launcher for it, as the subclass above that leaves
+    ``os.environ`` as found, built from the same settings (a launcher of another kind, or none,
+    stays as it is)."""
+
+    def replace_launcher(self, launcher: Any) -> Any:
+        if type(launcher) is ScriptLaunch:
+            return ScriptLauncher(launcher.cluster_environment, launcher.num_processes, launcher.num_nodes)
+        if type(launcher) is SpawnLaunch:
+            return MultiProcessingLauncher(self, start_method=start_method(launcher))
+        return launcher

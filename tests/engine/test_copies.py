@@ -46,3 +46,17 @@ def test_shared_feature_extractor_is_one_module_trained_by_all_clusters(digits):
     assert not torch.equal(fresh.models[0].net[0].weight, module.models[0].net[0].weight)
     with pytest.raises(ValueError, match="shared_layers names 'trunk'"):
         ClusteredModule(MLPClassifier(), 3, shared_layers=("trunk",))
+
+
+def test_attached_trainer_is_the_modules_trainer_or_none_through_lightnings_public_property():
+    import lightning.pytorch as pl
+    from torch import nn
+
+    from lightning_fedcluster.engine.copies import attached_trainer
+
+    module = pl.LightningModule()
+    assert attached_trainer(module) is None  # not attached: Lightning's property raises, this says None
+    assert attached_trainer(nn.Linear(2, 2)) is None
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    module.trainer = trainer
+    assert attached_trainer(module) is trainer

@@ -248,3 +248,22 @@ def test_a_run_short_of_nodes_says_so_while_waiting_and_in_its_status(deployment
     (run,) = json.loads(listed.stdout)["runs"]
     assert run["status"] == "finished:failed", run
     assert reason in run["status-details"], run
+
+
+def test_the_server_keeps_flowers_object_pulls_unless_the_fast_paths_are_asked_for():
+    """``fast-paths`` (run config) or ``FlowerApps(fast_paths=True)``: the SuperLink grid's object
+    pulls retry after 5 ms within the run (flower/fast_paths.py) and are Flower's again after it;
+    without it nothing of flwr is replaced."""
+    import importlib
+
+    from lightning_fedcluster.flower import fast_paths
+    from lightning_fedcluster.flower.apps import server_paths
+
+    grid = importlib.import_module(fast_paths.SERVER_GRID)
+    flowers = grid.pull_objects
+    with server_paths(False):
+        assert grid.pull_objects is flowers
+    with server_paths(True):
+        assert grid.pull_objects.func is flowers
+        assert grid.pull_objects.keywords["initial_backoff"] == fast_paths.INITIAL_BACKOFF
+    assert grid.pull_objects is flowers

@@ -1,9 +1,9 @@
-"""``simulate`` enters Flower's simulation runtime directly, not through Flower's deprecated
-``run_simulation`` wrapper, so no "DEPRECATED FEATURE" line is printed."""
+"""``simulate`` enters Flower's simulation runtime through Flower's public ``run_simulation``,
+whose "DEPRECATED FEATURE" line (Flower prefers ``flwr run``, which takes no live objects) is
+filtered out, so none is printed."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 
@@ -12,27 +12,36 @@ import pytest
 from lightning_fedcluster.flower import simulate, simulation
 from tests.flower import workload
 
-# flwr.simulation's __init__ rebinds the name run_simulation to the function: import the module itself.
-flower_runtime = importlib.import_module("flwr.simulation.run_simulation")
 
+def test_the_runtime_is_entered_through_flowers_public_run_simulation(monkeypatch) -> None:
+    import flwr.simulation
 
-def test_the_runtime_is_entered_below_the_deprecated_wrapper(monkeypatch) -> None:
-    real = flower_runtime._run_simulation
+    real = flwr.simulation.run_simulation
     calls: list[dict] = []
-
-    def deprecated(*args, **kwargs):
-        raise AssertionError("Flower's deprecated run_simulation was called")
-
-    monkeypatch.setattr(flower_runtime, "run_simulation", deprecated)
-    monkeypatch.setattr(flower_runtime, "warn_deprecated_feature", deprecated)
-    monkeypatch.setattr(flower_runtime, "_run_simulation", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kwargs: calls.append(kwargs))
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 1}}
     simulation.run_in_simulation_runtime("server", "client", 3, backend)
     (call,) = calls
-    inspect.signature(real).bind(**call)  # the installed flwr's runtime takes exactly these arguments
+    inspect.signature(real).bind(**call)  # the installed flwr's public function takes these arguments
     assert (call["server_app"], call["client_app"], call["num_supernodes"]) == ("server", "client", 3)
     assert call["backend_config"] is backend and call["backend_name"] == "ray"
-    assert "run_simulation(" not in inspect.getsource(simulation).replace("_run_simulation(", "")
+    assert "_run_simulation" not in inspect.getsource(simulation)
+
+
+def test_only_flowers_deprecation_of_run_simulation_is_filtered() -> None:
+    from flwr.supercore.logger import warn_deprecated_feature
+
+    lines = Lines()
+    logging.getLogger("flwr").addHandler(lines)
+    quiet = simulation.WithoutDeprecation()
+    logging.getLogger("flwr").addFilter(quiet)
+    try:
+        warn_deprecated_feature(f"{simulation.DEPRECATED} and will be removed")  # as run_simulation says
+        warn_deprecated_feature("another feature")
+    finally:
+        logging.getLogger("flwr").removeFilter(quiet)
+        logging.getLogger("flwr").removeHandler(lines)
+    assert len(lines.lines) == 1 and "another feature" in lines.lines[0]
 
 
 class Lines(logging.Handler):

@@ -1,14 +1,13 @@
-"""The waits of ``fedcluster flower supernode``: the SuperNode and its in-process ClientApp runner
-wake each other instead of polling, and the SuperNode polls quickly only while messages flow."""
+"""``fedcluster flower supernode``: its options, the runner's polls (quick only while messages
+flow), Flower left unpatched by default, and each FAB's own code."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
-from lightning_fedcluster.flower.supernode import Pace, parse, signalling
+from lightning_fedcluster.flower.supernode import IDLE_POLL, Polling, node_options, parse
 
 
 def elapsed(function, *args) -> float:
@@ -17,37 +16,48 @@ def elapsed(function, *args) -> float:
     return time.monotonic() - start
 
 
-def test_an_idle_node_waits_as_flower_does_and_a_busy_one_polls_quickly():
-    pace = Pace(interval=0.01, busy_window=30.0)
-    assert elapsed(pace.sleep, 0.3) >= 0.29  # no task yet: Flower's own wait
-    pace.touch()
-    pace.replied.clear()
-    assert elapsed(pace.sleep, 3.0) < 0.2  # busy: --poll-interval
-    pace.last_task -= 31.0  # the busy window has passed
-    assert elapsed(pace.sleep, 0.3) >= 0.29
-
-
-def test_a_pushed_reply_ends_the_supernodes_wait_at_once():
-    pace = Pace(interval=5.0, busy_window=0.0)  # a wait of 5 s that only the reply can cut short
-    threading.Timer(0.05, pace.touch).start()
-    assert elapsed(pace.sleep, 5.0) < 2.0
-    assert not pace.replied.is_set()  # consumed: the next wait is a full one again
-
-
-def test_the_runner_wakes_when_the_supernode_stores_a_message_and_only_then():
-    pace = Pace()
-    answers = iter([None, 123])  # Flower's _pull_and_store_message: no message, then run 123's
-    pull_and_store = signalling(lambda *a, **k: next(answers), pace.stored)
-    assert pull_and_store("state") is None and not pace.stored.is_set()
-    assert elapsed(pace.wait_for_message, 0.2) >= 0.19  # nothing stored: the fallback poll
-    threading.Timer(0.05, pull_and_store).start()
-    assert elapsed(pace.wait_for_message, 5.0) < 2.0
-    assert not pace.stored.is_set()
+def test_the_runner_polls_quickly_only_while_messages_flow():
+    polling = Polling(interval=0.01, busy_window=30.0)
+    assert elapsed(polling.wait) >= IDLE_POLL - 0.01  # no task yet: the idle poll
+    polling.touch()
+    assert elapsed(polling.wait) < 0.2  # busy: --poll-interval
+    polling.last_task -= 31.0  # the busy window has passed
+    assert elapsed(polling.wait) >= IDLE_POLL - 0.01
 
 
 def test_own_options_are_checked_and_the_rest_go_to_flower():
     ours, rest = parse(["--poll-interval", "0.05", "--insecure", "--superlink", "127.0.0.1:9092"])
     assert ours.poll_interval == 0.05 and rest == ["--insecure", "--superlink", "127.0.0.1:9092"]
+    assert not ours.fast_paths, "Flower's public paths unless asked"
+    assert parse(["--fast-paths", "--insecure"])[0].fast_paths
+
+
+def test_the_flower_options_it_reads_have_flowers_defaults():
+    from flwr.supercore.constant import SUPERLINK_DEFAULT_CLIENT_ADDRESS
+
+    node = node_options(["--insecure", "--port", "9096", "--node-config", "partition-id=0"])
+    assert node.insecure and node.port == 9096 and node.host == "127.0.0.1"
+    assert node.superlink == SUPERLINK_DEFAULT_CLIENT_ADDRESS and node.isolation == "process"
+    assert node_options(["--root-certificates", "ca.crt"]).root_certificates == "ca.crt"
+
+
+def test_by_default_nothing_of_flower_is_patched():
+    """The default command uses flwr-clientapp's own pull and leaves Flower's SuperNode loop as it is
+    (the patches live in flower/fast_paths.py, applied only with --fast-paths)."""
+    import ast
+    import inspect
+
+    from lightning_fedcluster.flower import supernode
+
+    source = inspect.getsource(supernode)
+    private = [
+        ast.unparse(node)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_")  # __dict__ too
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    ]  # fmt: skip
+    assert private == []
+    assert "start_client_internal" not in source
 
 
 def test_a_poll_interval_of_zero_is_refused_by_name(capsys):

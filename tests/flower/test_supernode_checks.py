@@ -4,11 +4,11 @@ key is not registered (Flower says only that it could not connect)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 import subprocess
 import threading
-import types
 
 import pytest
 
@@ -91,10 +91,20 @@ def test_a_refused_activation_says_the_key_is_not_registered():
     assert hinted.startswith(flower) and "it is not registered there" in hinted
     assert "flwr supernode register keys/supernode-2.pub <federation>" in hinted
     assert activation_hint("Connection refused", "keys/supernode-2") == "Connection refused"
-    exits = []
-    module = types.SimpleNamespace(
-        flwr_exit=lambda code, message=None, *a, **k: exits.append((code, message))
-    )
-    explain_activation_failures(module, "keys/supernode-2")
-    module.flwr_exit(305, flower)
-    assert exits == [(305, hinted)]
+    from flwr.supercore.exit import ExitCode
+    from flwr.supercore.logger import log
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    flower_log = logging.getLogger("flwr")
+    flower_log.addHandler(handler)
+    hint = explain_activation_failures("keys/supernode-2")
+    try:
+        log(logging.ERROR, f"Exit Code: {ExitCode.SUPERNODE_CONNECTION_ERROR}\n{flower}")  # as flwr_exit logs
+        log(logging.INFO, "Starting Flower SuperNode")
+    finally:
+        flower_log.removeFilter(hint)
+        flower_log.removeHandler(handler)
+    assert "it is not registered there" in lines[0] and lines[0].startswith("Exit Code:")
+    assert lines[1] == "Starting Flower SuperNode"

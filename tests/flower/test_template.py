@@ -24,6 +24,7 @@ def test_flower_new_writes_an_app_that_flowers_checks_accept(tmp_path, capsys):
     for reference in (components["serverapp"], components["clientapp"]):
         assert validate(reference, check_module=True, project_dir=app) == (True, None), reference
     assert config["tool"]["flwr"]["app"]["config"]["min-nodes"] == 2
+    assert config["tool"]["flwr"]["app"]["config"]["fast-paths"] is False  # Flower's public paths
     # The certificates script makes a CA-signed certificate for localhost and two node key pairs.
     subprocess.run(["bash", str(app / "certificates.sh")], check=True, capture_output=True, timeout=120)
     verified = subprocess.run(
