@@ -43,7 +43,7 @@ def largest_cluster(row: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, help="LABEL=PATH of a diagnostics JSON")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="docs/figures/how-clusters-form.png", help="the PNG to write")
     parser.add_argument("--title", default=None)
     args = parser.parse_args()
     runs = []
