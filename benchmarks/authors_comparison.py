@@ -67,8 +67,10 @@ from _common import (
     quiet,
     set_clock,
 )
+from _takeoff_variants import anneal
 
 from lightning_fedcluster import FedRCStrategy
+from lightning_fedcluster.callbacks.takeoff_diagnostics import TakeoffDiagnostics
 from lightning_fedcluster.datamodules import (
     ClientMetadata,
     FederatedDataModule,
@@ -341,7 +343,9 @@ def authors_model() -> tuple[FashionCNN, str]:
     return model, "hparams (FashionCNN takes no weight_decay argument)"
 
 
-def make_strategy(optimizer_state: str, seed: int, server: dict[str, Any]) -> tuple[FedRCStrategy, str]:
+def make_strategy(
+    optimizer_state: str, seed: int, server: dict[str, Any], k: int = K
+) -> tuple[FedRCStrategy, str]:
     """FedRCStrategy with ``optimizer_state`` where the library has it. An unknown keyword is not
     refused: FederatedStrategy hands it to Lightning's DDPStrategy, which keeps it as a
     DistributedDataParallel argument that is never used, so support is read from the signatures."""
@@ -352,10 +356,10 @@ def make_strategy(optimizer_state: str, seed: int, server: dict[str, Any]) -> tu
         if "__init__" in vars(cls) and cls.__module__.startswith("lightning_fedcluster")
     )
     if not known:
-        return FedRCStrategy(K, **options), "unsupported"
-    strategy = FedRCStrategy(K, optimizer_state=optimizer_state, **options)
+        return FedRCStrategy(k, **options), "unsupported"
+    strategy = FedRCStrategy(k, optimizer_state=optimizer_state, **options)
     if "optimizer_state" in getattr(strategy, "_ddp_kwargs", {}):
-        return FedRCStrategy(K, **options), "unsupported"
+        return FedRCStrategy(k, **options), "unsupported"
     return strategy, optimizer_state
 
 
@@ -364,14 +368,22 @@ class GlobalEvaluation(pl.Callback):
     client's ω from its adapt rows, its accuracy on its score rows, the concept ARI of the
     participating clients' ω, the round's CPU seconds, this evaluation's, and peak RSS."""
 
-    def __init__(self, timer: RoundTimer, global_clients: list[GlobalClient], echo: bool) -> None:
+    def __init__(
+        self, timer: RoundTimer, global_clients: list[GlobalClient], echo: bool, every: int = 1
+    ) -> None:
         self.timer, self.global_clients, self.echo, self.rows = timer, global_clients, echo, []
         self.concepts = [g[0] for g in global_clients]
+        self.every = every
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         start = clock()
         row: dict[str, float] = {}
+        number = len(self.rows) + 1
+        scored = number % self.every == 0 or number == trainer.max_epochs
         for concept, xa, ya, xs, ys in self.global_clients:
+            if not scored:  # --eval-every: the accuracy of this round is not measured
+                row[f"acc{concept}"] = float("nan")
+                continue
             omega = pl_module.adapt(xa, ya)
             predicted = pl_module.predict_proba(xs, omega).argmax(1).cpu()
             row[f"acc{concept}"] = float((predicted == ys).double().mean())
@@ -414,6 +426,12 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         options["optimizer_state_dtype"] = args.optimizer_state_dtype
     if args.optimizer_state_dir is not None:
         options["optimizer_state_dir"] = args.optimizer_state_dir
+    if args.group_round is not None:
+        options.update(group_round=args.group_round, group_share=args.group_share)
+    if args.merge_threshold is not None:
+        options.update(merge_threshold=args.merge_threshold, merge_after=args.merge_after)
+    if args.label_stats_floor is not None:
+        options["label_stats_floor"] = args.label_stats_floor
     return options
 
 
@@ -435,7 +453,8 @@ def run(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         torch.manual_seed(seed)
         model, decay_via = authors_model()
-        strategy, state = make_strategy(args.optimizer_state, seed, server_options(args))
+        strategy, state = make_strategy(args.optimizer_state, seed, server_options(args), args.num_clusters)
+        anneal(strategy, args.anneal)
         if state == "unsupported":
             print(
                 f"NOTE: FedRCStrategy does not accept optimizer_state yet; '{args.optimizer_state}' was "
@@ -443,23 +462,39 @@ def run(args: argparse.Namespace) -> None:
                 "client and round)"
             )
         print(
-            f"seed {seed}: FedRCStrategy(K={K}, local_steps=1, all clients, optimizer_state={state}, "
-            f"{', '.join(f'{k}={v}' for k, v in server_options(args).items()) or 'no server optimizer'}), "
+            f"seed {seed}: FedRCStrategy(K={args.num_clusters}, local_steps=1, all clients, "
+            f"optimizer_state={state}, "
+            f"{', '.join(f'{k}={v}' for k, v in server_options(args).items()) or 'no server optimizer'}"
+            f"{f', annealed E-step {args.anneal}' if args.anneal else ''}), "
             f"FashionCNN SGD lr {LR} momentum {MOMENTUM} weight decay {WEIGHT_DECAY} via {decay_via}, "
             f"batch {BATCH}, {args.rounds} rounds, precision {args.precision}; train CPU-s: the round "
             "(E-step, local steps, aggregation); eval CPU-s: adapt + score of the global clients"
         )
         timer = RoundTimer()
-        evaluation = GlobalEvaluation(timer, global_clients, echo=not args.quiet_rounds)
+        evaluation = GlobalEvaluation(
+            timer, global_clients, echo=not args.quiet_rounds, every=args.eval_every
+        )
+        callbacks: list[pl.Callback] = [timer, evaluation]
+        if args.diagnostics is not None:
+            path = Path(args.diagnostics) / f"seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            callbacks.append(TakeoffDiagnostics(gradients=args.gradients, path=path, keep_signatures=True))
         trainer = make_trainer(
-            strategy, args.rounds, validate=False, callbacks=[timer, evaluation], precision=args.precision
+            strategy,
+            args.rounds,
+            validate=False,
+            callbacks=callbacks,
+            precision=args.precision,
+            accelerator=args.accelerator,
         )
         print(header_line(concepts))
         trainer.fit(model, datamodule=dm)
         last = dict(evaluation.rows[-1])
         last["train_s"] = statistics.median(r["train_s"] for r in evaluation.rows)
-        last["eval_s"] = statistics.median(r["eval_s"] for r in evaluation.rows)
+        last["eval_s"] = statistics.median(r["eval_s"] for r in evaluation.rows if r["acc"] == r["acc"])
         finals.append(last)
+        if args.diagnostics is not None:
+            print(f"diagnostics of seed {seed}: {Path(args.diagnostics) / f'seed{seed}.json'}")
         print(format_row(f"s{seed} last", last, concepts) + "   (CPU-s: medians over rounds)")
     if len(finals) > 1:
         mean = {key: statistics.mean(row[key] for row in finals) for key in finals[0]}
@@ -514,7 +549,26 @@ def main() -> None:
     r.add_argument("--server-lr", type=float, default=1.0, help="η_g")
     r.add_argument("--server-momentum", type=float, default=None, help="β of --server-optimizer momentum")
     r.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help=CLOCK_HELP)
+    r.add_argument(
+        "--eval-every", type=int, default=1,
+        help="score the global clients every this many rounds and at the last (ARI: every round)",
+    )  # fmt: skip
+    r.add_argument("--num-clusters", type=int, default=K, help="K (the authors' 3)")
+    r.add_argument("--group-round", type=int, default=None, help="FedRC's concept grouping after this round")
+    r.add_argument("--label-stats-floor", type=float, default=None, help="FedRC's floor of C (theirs 1e-8)")
+    r.add_argument("--merge-threshold", type=float, default=None, help="FedRC's cluster merging (nats)")
+    r.add_argument("--merge-after", type=int, default=0, help="first round index a merge may follow")
+    r.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
+    r.add_argument("--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)")
+    r.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu", help="Lightning's accelerator")
     r.add_argument("--quiet-rounds", action="store_true", help="print only each seed's last round")
+    r.add_argument(
+        "--diagnostics", default=None,
+        help="record TakeoffDiagnostics every round and write DIR/seed<s>.json (one extra pass per round)",
+    )  # fmt: skip
+    r.add_argument(
+        "--gradients", action="store_true", help="with --diagnostics: last-layer gradient signatures"
+    )
     args = parser.parse_args()
     if args.command == "write":
         write(args)

@@ -99,6 +99,8 @@ def library_runs(log: Path, concepts: int) -> dict[int, dict[str, Any]]:
 
 
 def authors_runs(out: Path, data: Path, score_rounds: list[int]) -> dict[int, dict[str, Any]]:
+    if not any(out.glob("authors-seed*.pt")):
+        return {}
     from authors_comparison import read
     from authors_trace import Scorer
 
@@ -136,6 +138,8 @@ def summarize(args: argparse.Namespace) -> None:
     print(f"take-off: first round with concept ARI >= {TAKE_OFF_ARI}; accuracy: mean (per concept)")
     table: dict[str, Any] = {}
     for side, runs in sides.items():
+        if not runs:  # e.g. a library-only study: no authors' records in --out
+            continue
         rows = []
         for seed, run in sorted(runs.items()):
             row = {"seed": seed, "rounds": len(run["ari"]), "take_off": take_off(run["ari"])}
@@ -143,6 +147,8 @@ def summarize(args: argparse.Namespace) -> None:
             row["max_ari"] = max(run["ari"])
             for t in args.score_rounds:
                 scores = run["acc"][t - 1] if t <= len(run["acc"]) else None
+                if scores is not None and any(s != s for s in scores):  # not scored (--eval-every)
+                    scores = None
                 row[f"acc{t}"] = scores
                 row[f"ari{t}"] = run["ari"][t - 1] if t <= len(run["ari"]) else None
             row["cpu_s"] = statistics.median(run["cpu_s"])

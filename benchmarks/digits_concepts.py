@@ -24,13 +24,16 @@ import platform
 import statistics
 import time
 import warnings
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from _common import make_trainer
+from _takeoff_variants import anneal
 
 from lightning_fedcluster import FedRCStrategy
 from lightning_fedcluster.algorithms.reseed import cluster_shares
+from lightning_fedcluster.callbacks.takeoff_diagnostics import TakeoffDiagnostics
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 
@@ -45,6 +48,12 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
         options["reseed_threshold"] = args.reseed_threshold
     if args.server_optimizer != "none":
         options.update(server_optimizer=args.server_optimizer, server_lr=args.server_lr)
+    if args.group_round is not None and num_clusters > 1:
+        options.update(group_round=args.group_round, group_share=args.group_share)
+    if args.label_stats_floor is not None:
+        options["label_stats_floor"] = args.label_stats_floor
+    if args.merge_threshold is not None and num_clusters > 1:
+        options.update(merge_threshold=args.merge_threshold, merge_after=args.merge_after)
     strategy = FedRCStrategy(
         num_clusters,
         clients_per_round=10,
@@ -53,10 +62,15 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
         optimizer_state=args.optimizer_state,
         **options,
     )
-    trainer = make_trainer(strategy, args.rounds, validate=False)
+    anneal(strategy, args.anneal)
+    callbacks = [TakeoffDiagnostics(every=args.diagnostics_every)] if args.diagnostics else []
+    trainer = make_trainer(strategy, args.rounds, validate=False, callbacks=callbacks)
     start = time.perf_counter()
     trainer.fit(MLPClassifier(lr=args.lr, momentum=args.momentum), datamodule=dm)
     seconds = time.perf_counter() - start
+    if args.diagnostics:
+        Path(args.diagnostics).mkdir(parents=True, exist_ok=True)
+        callbacks[0].save(Path(args.diagnostics) / f"k{num_clusters}-seed{seed}.json")
     result = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]
     state = trainer.lightning_module.client_state
     used = state.omega[state.seen].argmax(1).unique().numel()
@@ -75,11 +89,28 @@ def main() -> None:
     parser.add_argument("--reseed-threshold", type=float, default=None)
     parser.add_argument("--server-optimizer", choices=("none", "momentum", "adam"), default="none")
     parser.add_argument("--server-lr", type=float, default=1.0, help="η_g of --server-optimizer")
+    parser.add_argument(
+        "--group-round", type=int, default=None, help="FedRC's concept grouping after this round"
+    )
+    parser.add_argument("--label-stats-floor", type=float, default=None, help="FedRC's floor of C")
+    parser.add_argument("--merge-threshold", type=float, default=None, help="FedRC's cluster merging (nats)")
+    parser.add_argument("--merge-after", type=int, default=0, help="first round index a merge may follow")
+    parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
+    parser.add_argument(
+        "--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)"
+    )
+    parser.add_argument("--num-clusters", type=int, default=3, help="K of FedRC")
+    parser.add_argument(
+        "--diagnostics", default=None, help="write TakeoffDiagnostics to DIR/k<K>-seed<s>.json"
+    )
+    parser.add_argument(
+        "--diagnostics-every", type=int, default=1, help="with --diagnostics: every this many rounds"
+    )
     parser.add_argument("--fedrc-only", action="store_true", help="skip the FedAvg (K=1) runs")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    ks = (3,) if args.fedrc_only else (3, 1)
+    ks = (args.num_clusters,) if args.fedrc_only else (args.num_clusters, 1)
     rows = {k: [run(k, seed, args) for seed in args.seeds] for k in ks}
     print(
         f"machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
@@ -87,8 +118,10 @@ def main() -> None:
     )
     print(
         f"SGD lr {args.lr} momentum {args.momentum}, optimizer_state={args.optimizer_state}, "
-        f"reseed_threshold={args.reseed_threshold}, server_optimizer={args.server_optimizer} "
-        f"(server_lr {args.server_lr}), {args.rounds} rounds"
+        f"reseed_threshold={args.reseed_threshold}, group_round={args.group_round} "
+        f"merge_threshold={args.merge_threshold} (after {args.merge_after}) "
+        f"(share {args.group_share}), "
+        f"server_optimizer={args.server_optimizer} (server_lr {args.server_lr}), {args.rounds} rounds"
     )
     names = ("local acc", "global acc", "concept ARI", "clusters used", "clusters alive")
     print(f"{'model':<16}" + "".join(f"{n:>16}" for n in names) + f"{'s / run':>10}")
@@ -98,7 +131,7 @@ def main() -> None:
             values = [r[metric] for r in runs]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.3f} ± {spread:.3f}")
-        name = "FedRC K=3" if k == 3 else "FedAvg (K=1)"
+        name = f"FedRC K={k}" if k > 1 else "FedAvg (K=1)"
         seconds = statistics.mean(r["seconds"] for r in runs)
         print(f"{name:<16}" + "".join(f"{c:>16}" for c in cells) + f"{seconds:>10.1f}")
     print("per seed (global acc / ARI / clusters used / alive):")

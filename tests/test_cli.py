@@ -82,6 +82,7 @@ def test_console_script_exits_zero_and_help_lists_the_strategy(tmp_path):
     assert "lightning_fedcluster.FedRCStrategy" in done.stdout
     assert "DigitsFederated" in done.stdout
     assert MAIN_JOB_DEFAULTS["trainer.max_epochs"] == 150
+    assert "group_round: 20" in done.stdout  # the quick start recommends concept grouping
 
 
 class TinyNet(LightningModule):

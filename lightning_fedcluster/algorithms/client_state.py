@@ -17,6 +17,9 @@ import torch
 from torch import Tensor
 
 REDUCTIONS = ("replace", "sum", "mean")
+CLASSES = -1
+"""A dimension of a ``StateEntry``'s row shape that is the label count (e.g. a C × C client
+signature), resolved when the store is made (0 for regression)."""
 
 
 class Scope(str, Enum):
@@ -36,7 +39,8 @@ class StateEntry:
     (``Algorithm.state_entries``); the engine derives from it the store's initial tensor, what a
     client's context holds, the round's report buffer, a Flower node's reply and the server's merge.
 
-    ``shape``: the shape of one row (CLIENT, SAMPLE, CLUSTER) or of the whole value (SCALAR).
+    ``shape``: the shape of one row (CLIENT, SAMPLE, CLUSTER) or of the whole value (SCALAR); a
+    dimension given as ``CLASSES`` is the label count.
     ``initial``: the value every element starts at. ``reported``: clients write it during their
     turn (``context.extra[name]``: what a client leaves there is its report) and report it;
     otherwise only the server's actions (``SetState``) change it and clients read it.
@@ -73,25 +77,29 @@ class StateEntry:
                 "writes: its reduction is 'replace'"
             )
 
-    def full_shape(self, num_clients: int, num_samples: int, num_clusters: int) -> tuple[int, ...]:
+    def full_shape(
+        self, num_clients: int, num_samples: int, num_clusters: int, num_classes: int = 0
+    ) -> tuple[int, ...]:
         rows = {
             Scope.CLIENT: (num_clients,),
             Scope.SAMPLE: (num_samples,),
             Scope.CLUSTER: (num_clusters,),
             Scope.SCALAR: (),
         }[self.scope]
-        return (*rows, *self.shape)
+        return (*rows, *(num_classes if d == CLASSES else d for d in self.shape))
 
-    def initial_value(self, num_clients: int, num_samples: int, num_clusters: int) -> Tensor:
-        shape = self.full_shape(num_clients, num_samples, num_clusters)
+    def initial_value(
+        self, num_clients: int, num_samples: int, num_clusters: int, num_classes: int = 0
+    ) -> Tensor:
+        shape = self.full_shape(num_clients, num_samples, num_clusters, num_classes)
         return torch.full(shape, self.initial, dtype=self.dtype)
 
 
 def initial_extras(
-    entries: Iterable[StateEntry], num_clients: int, num_samples: int, num_clusters: int
+    entries: Iterable[StateEntry], num_clients: int, num_samples: int, num_clusters: int, num_classes: int = 0
 ) -> dict[str, Tensor]:
     """The store's initial tensor of every declared entry."""
-    return {e.name: e.initial_value(num_clients, num_samples, num_clusters) for e in entries}
+    return {e.name: e.initial_value(num_clients, num_samples, num_clusters, num_classes) for e in entries}
 
 
 @dataclass
@@ -137,7 +145,7 @@ class ClientState:
             omega=torch.full((num_clients, num_clusters), 1.0 / num_clusters, dtype=torch.float64),
             label_sums=torch.zeros(num_clients, num_classes, num_clusters, dtype=torch.float64),
             seen=torch.zeros(num_clients, dtype=torch.bool),
-            extra=initial_extras(declared.values(), num_clients, num_samples, num_clusters),
+            extra=initial_extras(declared.values(), num_clients, num_samples, num_clusters, num_classes),
             entries=declared,
         )
 

@@ -64,6 +64,9 @@ class ClientContext:
     extra: dict[str, Tensor] = field(default_factory=dict)  # algorithm-specific per-client state
     seed_parts: tuple[int, ...] = ()  # seeds ``generator`` on first use when it is not given
     membership: Tensor | None = None  # [K] bool: clusters that chose this client (server selection)
+    # [K, N, C] the K global models' outputs (class probabilities) on the client's training rows,
+    # given to the E-step only for a rule with the ``ClientOutputs`` protocol.
+    outputs: Tensor | None = None
 
     def rng(self) -> torch.Generator | None:
         """The client's seeded generator, created on first use (seeding costs more than most rules)."""

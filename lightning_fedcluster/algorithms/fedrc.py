@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import pairwise
 
 import torch
 from torch import Tensor
@@ -24,8 +25,10 @@ from lightning_fedcluster.algorithms.base import (
     soft_e_step_of_clients,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
+from lightning_fedcluster.algorithms.grouping import ConceptGrouping
+from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, ClusterMerging, client_scores
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
-from lightning_fedcluster.algorithms.protocols import LabelStatistics
+from lightning_fedcluster.algorithms.protocols import ClientOutputs, LabelStatistics
 from lightning_fedcluster.algorithms.reseed import cluster_shares, reseed_split
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOutcome, ServerView
 
@@ -33,7 +36,7 @@ from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOu
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
 
 
-class FedRC(SoftMixture, LabelStatistics):
+class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     """FedRC's rules.
 
     Args:
@@ -49,6 +52,12 @@ class FedRC(SoftMixture, LabelStatistics):
         reseed_threshold: after each round, re-seed the emptiest cluster whose share is below this
             from the largest one (:mod:`.reseed`; None: never, as in the paper).
         reseed_seed: seeds the random half of clients a re-seeding moves.
+        group_round: concept grouping (:mod:`.grouping`, ours): after this many rounds, group the
+            clients by their prediction signatures and give each group one cluster (None: never).
+        group_share: the grouped clients' ω on their group's cluster.
+        merge_threshold: merging (:mod:`.merging`, ours): retire one of the two clusters whose
+            members' log-likelihood gap is below this (nats per sample; None: never).
+        merge_after: the first round index after which a merge may happen.
     """
 
     def __init__(
@@ -64,9 +73,25 @@ class FedRC(SoftMixture, LabelStatistics):
         label_stats_floor: float = LABEL_STATS_FLOOR,
         reseed_threshold: float | None = None,
         reseed_seed: int = 0,
+        group_round: int | None = None,
+        group_share: float = 0.9,
+        merge_threshold: float | None = None,
+        merge_after: int = 0,
     ) -> None:
         super().__init__(num_clusters)
         check_options(use_label_stats, label_noise_std, removal_threshold, reseed_threshold, adam_gamma)
+        floor = label_stats_floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < 1:
+            raise ValueError(f"label_stats_floor must be in (0, 1) (the authors' 1e-8), got {floor!r}")
+        for name, on in (
+            ("group_round", group_round is not None),
+            ("merge_threshold", merge_threshold is not None),
+        ):
+            if on and adam_gamma:
+                raise ValueError(f"{name} cannot be combined with adam_gamma: use one or the other")
+        self.grouping = None if group_round is None else ConceptGrouping(group_round, group_share)
+        self.merging = None if merge_threshold is None else ClusterMerging(merge_threshold, merge_after)
+        self.uses_client_outputs = self.grouping is not None
         self.uses_label_stats = use_label_stats
         self.hard_prediction = hard_prediction
         self.hard_training = hard_training
@@ -87,9 +112,12 @@ class FedRC(SoftMixture, LabelStatistics):
 
     def state_entries(self) -> tuple[StateEntry, ...]:
         """FedRC-Adam keeps each sample's γ (a mixture) and its Adam moments, and each client's
-        Adam step count, between rounds; clients update and report them."""
+        Adam step count, between rounds; clients update and report them. Concept grouping keeps
+        each client's signature, merging its mean score per cluster."""
         if not self.adam_gamma:
-            return ()
+            grouping = () if self.grouping is None else self.grouping.state_entries()
+            merging = () if self.merging is None else self.merging.state_entries(self.num_clusters)
+            return grouping + merging
         k = (self.num_clusters,)
         return (
             StateEntry("gamma", Scope.SAMPLE, k, reported=True, mixture=True),
@@ -104,9 +132,18 @@ class FedRC(SoftMixture, LabelStatistics):
         return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.removal_threshold)
 
     def after_round(self, server: ServerView) -> list[ServerAction]:
-        """Adaptive K (App. F): remove the clusters whose share of γ fell below the threshold; or,
-        with ``reseed_threshold``, re-seed a dead cluster from the largest one."""
+        """Concept grouping when it is due; a merge of near-identical clusters; adaptive K (App.
+        F): remove the clusters whose share of γ fell below the threshold; or, with
+        ``reseed_threshold``, re-seed a dead cluster from the largest one."""
         state, outcome = server.client_state, server.outcome
+        if self.grouping is not None:
+            grouped = self.grouping.actions(state, outcome.round_index)
+            if grouped:
+                return grouped
+        if self.merging is not None:
+            merged = self.merging.actions(state, outcome.train_sizes, outcome.round_index)
+            if merged:
+                return merged
         if self.reseed_threshold is not None:
             return self._reseed(state, outcome)
         remove = self.clusters_to_remove(state, outcome.train_sizes)
@@ -149,7 +186,10 @@ class FedRC(SoftMixture, LabelStatistics):
     def e_step(
         self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
     ) -> ClientReport:
-        report = super().e_step(losses, labels, context, log_label_stats if self.uses_label_stats else None)
+        stats = log_label_stats if self.uses_label_stats else None
+        report = super().e_step(losses, labels, context, stats)
+        if self.merging is not None:
+            context.extra[CLUSTER_SCORES] = client_scores(losses, labels, stats)
         return self._client_side(report, labels, context)
 
     def e_step_many(
@@ -163,6 +203,9 @@ class FedRC(SoftMixture, LabelStatistics):
         """The batched soft E-step, then each client's Adam step and label noise (as ``e_step``)."""
         stats = log_label_stats if self.uses_label_stats else None
         reports = soft_e_step_of_clients(losses, labels, offsets, contexts, stats)
+        if self.merging is not None:
+            for (a, b), context in zip(pairwise(offsets.tolist()), contexts, strict=True):
+                context.extra[CLUSTER_SCORES] = client_scores(losses[a:b], labels[a:b], stats)
         bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
         return [
             self._client_side(report, labels[a:b], context)
@@ -170,7 +213,15 @@ class FedRC(SoftMixture, LabelStatistics):
         ]
 
     def _client_side(self, report: ClientReport, labels: Tensor, context: ClientContext) -> ClientReport:
-        """What follows the soft E-step on the client: FedRC-Adam's γ step and the label noise."""
+        """What follows the soft E-step on the client: the concept signature (before the grouping),
+        FedRC-Adam's γ step and the label noise."""
+        grouping = self.grouping
+        if (
+            grouping is not None
+            and context.outputs is not None
+            and grouping.wants_signature(context.round_index)
+        ):
+            grouping.record_signature(context.outputs, labels, context.active, context.extra)
         if self.adam_gamma:
             report = self._adam_step(report, labels, context)
         sigma = self.noise_std(context.client)

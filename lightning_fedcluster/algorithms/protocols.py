@@ -13,6 +13,8 @@ hooks only on the rules that implement it.
 - ``ModelDistances``: after local training a client is reassigned by the distances of its model
   to the global ones (FeSEM, WeCFL).
 - ``LabelStatistics``: clients use the server's label statistics C_{y,k} (FedRC).
+- ``ClientOutputs``: the E-step reads the K models' outputs on the client's rows (FedRC's concept
+  grouping computes a client signature from them).
 """
 
 from __future__ import annotations
@@ -108,6 +110,15 @@ class LabelStatistics(ABC):
         """log C_{y,k} [C, K] (None: C is constant and drops out)."""
 
 
+class ClientOutputs:
+    """The E-step reads the K global models' outputs on the client's training rows
+    (``ClientContext.outputs``, [K, N, C] class probabilities), which every executor has from
+    the E-step's pass anyway. ``uses_client_outputs``: whether this instance does (FedRC only with
+    concept grouping)."""
+
+    uses_client_outputs: bool = True
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """Which optional protocols a rule implements, read in one place (``Capabilities.of``):
@@ -120,6 +131,7 @@ class Capabilities:
     personal_copies: int = 1
     personal_mixing: bool = False
     model_distances: bool = False
+    client_outputs: bool = False
 
     @classmethod
     def of(cls, rule: Any) -> Capabilities:
@@ -132,6 +144,7 @@ class Capabilities:
             personal_copies=rule.personal_copies if personal else 1,
             personal_mixing=isinstance(rule, PersonalMixing),
             model_distances=isinstance(rule, ModelDistances),
+            client_outputs=isinstance(rule, ClientOutputs) and bool(rule.uses_client_outputs),
         )
 
 

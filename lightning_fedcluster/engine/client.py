@@ -14,7 +14,7 @@ one, one node on Flower) the engine:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -126,14 +126,19 @@ def prepare(
     slots: list[int],
     log_label_stats: Tensor | None,
     seed: int,
+    outputs: Tensor | None = None,
 ) -> list[ClientWork]:
     """E-step and local plan of the clients owning rows offsets[c]:offsets[c+1] of ``losses``
-    [N, K] (the K global models' per-sample losses) and ``labels``."""
+    [N, K] (the K global models' per-sample losses) and ``labels``; ``outputs`` [K, N, C] (the
+    models' class probabilities) reach the contexts of a rule with ``ClientOutputs``."""
     finite = torch.isfinite(losses).all(1)
     if not bool(finite.all()):
         row = int((~finite).nonzero()[0])
         c = int(torch.searchsorted(offsets, row, right=True)) - 1
         raise non_finite_error(contexts[c].round_index, contexts[c].client, "in its E-step pass")
+    if outputs is not None and rule.capabilities.client_outputs:
+        bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        contexts = [replace(c, outputs=outputs[:, a:b]) for c, (a, b) in zip(contexts, bounds, strict=True)]
     reports = rule.e_step_many(losses, labels, offsets, contexts, log_label_stats)
     works = []
     for c, (context, report, slot) in enumerate(zip(contexts, reports, slots, strict=True)):

@@ -69,7 +69,8 @@ class RoundState:
         }
         self.fields.update(self.rule_fields)
         samples = int(self.sample_offsets[-1])
-        shapes = {name: entry.full_shape(n, samples, k) for name, entry in self.fields.items()}
+        self.num_classes = num_classes
+        shapes = {name: entry.full_shape(n, samples, k, num_classes) for name, entry in self.fields.items()}
         self.report = RoundBuffer(shapes, device)
         self.vectors = (
             RoundBuffer({"vectors": (n, vector_size)}, device, torch.float32) if vector_size else None
@@ -167,7 +168,7 @@ class RoundState:
         the per-sample ones (those stay with the clients); per-client ones for its accepted clients."""
         k = len(self.global_clusters)
         return {
-            name: entry.full_shape(accepted, 0, k)
+            name: entry.full_shape(accepted, 0, k, self.num_classes)
             for name, entry in self.fields.items()
             if entry.scope != Scope.SAMPLE and name not in ROSTER
         }

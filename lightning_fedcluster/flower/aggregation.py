@@ -91,7 +91,9 @@ def merge_store(
     num_samples = int(offsets[-1])
     for entry in rule.state_entries():
         name = entry.name
-        initial = entry.initial_value(state.num_clients, num_samples, state.num_clusters)
+        initial = entry.initial_value(
+            state.num_clients, num_samples, state.num_clusters, state.label_sums.shape[1]
+        )
         target = state.extra.setdefault(name, initial)
         state.entries.setdefault(name, entry)
         value = stored.get(f"extra.{name}")

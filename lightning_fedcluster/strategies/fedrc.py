@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_fedcluster.algorithms.fedrc import FedRC
+from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
 from lightning_fedcluster.strategies.federated import FederatedStrategy
 
 
@@ -26,6 +27,21 @@ class FedRCStrategy(FederatedStrategy):
             as a copy of the largest cluster, which hands it a seeded random half of its clients
             (``lightning_fedcluster.algorithms.reseed``); a server optimizer restarts its state
             for the re-seeded cluster. Not with ``removal_threshold`` or ``adam_gamma``.
+        group_round: concept grouping, a take-off mechanism (off by default and in the paper
+            presets): in the rounds before it, clients compute a label-conditioned prediction
+            signature in their E-step; after round ``group_round`` the server groups them by
+            k-medoids and gives each group's clients ω ``group_share`` on one cluster
+            (``lightning_fedcluster.algorithms.grouping``, docs: "How clusters form").
+        group_share: the grouped clients' ω on their group's cluster.
+        merge_threshold: from round ``merge_after`` on, retire one of the two clusters whose
+            members' mean log-likelihood per sample differs least between them, when that gap is
+            below this (nats; ``lightning_fedcluster.algorithms.merging``); None: never. With
+            grouping, ``num_clusters`` is then an upper bound on K.
+        label_stats_floor: the smallest C_{y,k} the E-step divides by (the authors' 1e-8). A cluster
+            that holds almost no rows of label y otherwise pulls every label-y sample of every
+            client towards itself by up to 1/floor, which breaks up concept clusters whose
+            clients lack some labels (strong label skew, few clients per cluster); e.g. 0.01
+            caps the pull at 100x.
         other arguments: see :class:`FederatedStrategy` (e.g. ``finetune_epochs=1`` is FedRC-FT,
             ``shared_layers=("features",)`` a shared feature extractor with clustered heads).
     """
@@ -44,6 +60,11 @@ class FedRCStrategy(FederatedStrategy):
         label_noise_std: float | Sequence[float] = 0.0,
         removal_threshold: float | None = None,
         reseed_threshold: float | None = None,
+        group_round: int | None = None,
+        group_share: float = 0.9,
+        merge_threshold: float | None = None,
+        merge_after: int = 0,
+        label_stats_floor: float = LABEL_STATS_FLOOR,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_clusters, **kwargs)
@@ -58,6 +79,11 @@ class FedRCStrategy(FederatedStrategy):
             removal_threshold=removal_threshold,
             reseed_threshold=reseed_threshold,
             reseed_seed=self.seed,
+            group_round=group_round,
+            group_share=group_share,
+            merge_threshold=merge_threshold,
+            merge_after=merge_after,
+            label_stats_floor=label_stats_floor,
         )
 
     @property

@@ -58,3 +58,17 @@ def test_client_state_shape_mismatch(clients: int, classes: int, clusters: int) 
     other = ClientState.initial(clients, classes, clusters)
     with pytest.raises(ValueError, match="resume with the same datamodule"):
         other.load_state_dict(saved)
+
+
+def test_a_classes_dimension_is_the_label_count() -> None:
+    from lightning_fedcluster.algorithms.client_state import CLASSES, Scope, StateEntry
+    from lightning_fedcluster.algorithms.fedrc import FedRC
+
+    entry = StateEntry("signature", Scope.CLIENT, (CLASSES, CLASSES), reported=True)
+    assert entry.full_shape(4, 100, 3, num_classes=10) == (4, 10, 10)
+    assert entry.initial_value(2, 0, 3, num_classes=5).shape == (2, 5, 5)
+    # FedRC with grouping declares a C x C signature; the store resolves it from its label count.
+    state = ClientState.initial(3, 7, 2, entries=FedRC(2, group_round=2).state_entries())
+    assert state.extra["signature"].shape == (3, 7, 7)
+    assert state.extra["signature_rows"].shape == (3, 7)
+    assert not FedRC(2).capabilities.client_outputs  # plain FedRC never asks for the outputs

@@ -247,3 +247,21 @@ def test_round_one_uniform_gamma_gives_label_prior_and_fedem_e_step() -> None:
     assert_close(fedrc.gamma, fedem.gamma, **TIGHT)
     assert_close(fedrc.omega, fedem.omega, **TIGHT)
     assert_close(fedrc.label_sums, fedem.label_sums, **TIGHT)
+
+
+def test_label_stats_floor_caps_the_pull_of_a_label_a_cluster_lacks() -> None:
+    import lightning_fedcluster as lf
+
+    state = ClientState.initial(2, 2, 2)
+    state.seen[:] = True
+    # Cluster 1 holds no row of label 0: C_{0,1} is the floor.
+    state.label_sums[0] = torch.tensor([[3.0, 0.0], [1.0, 2.0]], dtype=F64)
+    state.label_sums[1] = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=F64)
+    assert_close(FedRC(2).log_label_stats(state)[0, 1], torch.tensor(math.log(1e-8), dtype=F64))
+    rule = lf.FedRCStrategy(2, label_stats_floor=0.01).algorithm
+    assert rule.label_stats_floor == 0.01
+    assert_close(rule.log_label_stats(state)[0, 1], torch.tensor(math.log(0.01), dtype=F64))
+    assert_close(rule.log_label_stats(state)[:, 0], torch.tensor([0.8, 0.2], dtype=F64).log())
+    for bad in (0.0, 1.0, True):
+        with pytest.raises(ValueError, match="label_stats_floor must be in"):
+            FedRC(2, label_stats_floor=bad)

@@ -13,6 +13,7 @@ from lightning_fedcluster.algorithms.reseed import SPLIT_SHARE, reseed_split
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
+from tests.helpers.weights import assert_same_fit
 
 
 def _omega() -> torch.Tensor:
@@ -105,15 +106,7 @@ def test_reseeding_resumes_exactly_from_a_round_checkpoint(tmp_path):
         datamodule=DigitsFederated(num_clients=6, concepts=2, seed=0),
         ckpt_path=checkpoint,
     )
-    for a, b in zip(
-        straight.lightning_module.state_dict().values(),
-        resumed.lightning_module.state_dict().values(),
-        strict=True,
-    ):
-        assert torch.equal(a, b)
-    assert torch.equal(
-        straight.lightning_module.client_state.omega, resumed.lightning_module.client_state.omega
-    )
+    assert_same_fit(straight, resumed)
 
 
 @pytest.mark.parametrize(

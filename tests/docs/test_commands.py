@@ -49,8 +49,9 @@ def test_a_fedcluster_command_parses(command, monkeypatch, capsys):
 def test_a_benchmark_command_names_flags_its_script_takes(command):
     script, *args = shlex.split(command)[1:]
     assert (ROOT / script).is_file(), script
-    done = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)  # fmt: skip
+    sub = args[:1] if args and not args[0].startswith("-") else []  # e.g. `authors_comparison.py run`
+    done = subprocess.run([sys.executable, str(ROOT / script), *sub, "--help"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     for flag in (a for a in args if a.startswith("--")):
         assert flag in done.stdout, f"{command}: {script} --help does not list {flag}"

@@ -47,8 +47,11 @@ def test_flower_simulation_equals_the_lightning_engine_fedrc(simulated_fedrc):
 
 @pytest.mark.parametrize(
     "name",
-    ["fedem", "ifca", "fedavg", "fedrc_shared", "fedsoft", "fedrc_server_adam", "cfl", "fesem", "wecfl"],
-)
+    [
+        "fedem", "ifca", "fedavg", "fedrc_shared", "fedsoft", "fedrc_server_adam", "cfl", "fesem", "wecfl",
+        "fedrc_grouping",
+    ],
+)  # fmt: skip
 def test_flower_apps_equal_the_lightning_engine(name, task_identity):
     """The same ServerApp and ClientApp on an in-process grid (3 nodes)."""
     apps = FlowerApps(
@@ -61,6 +64,9 @@ def test_flower_apps_equal_the_lightning_engine(name, task_identity):
         assert flower.client_state.personal and flower.client_state.extra["estimated_round"] == 2
     if name == "cfl":  # the run must exercise a split
         assert int(flower.client_state.active.sum()) >= 2
+    if name == "fedrc_grouping":  # signatures came from the nodes; one merge after round 2
+        assert bool((flower.client_state.extra["signature_rows"].sum(1) > 0).all())
+        assert int(flower.client_state.active.sum()) == 3
     if name in ("fesem", "wecfl"):  # the centres came from the nodes' first-round models
         assert float(flower.client_state.extra["centres_ready"]) == 1.0
 

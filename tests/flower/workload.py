@@ -31,6 +31,11 @@ STRATEGIES = {
     "fedrc_server_adam": lambda: lf.FedRCStrategy(
         2, local_steps=2, server_optimizer="adam", server_lr=0.01, executor="loop"
     ),
+    # Concept grouping after round 0 from the nodes' signatures (ω goes back to the nodes), then a
+    # merge after round 2 from the clients' reported cluster scores (a threshold that always merges).
+    "fedrc_grouping": lambda: lf.FedRCStrategy(
+        4, local_steps=2, group_round=1, merge_threshold=100.0, merge_after=2, executor="loop"
+    ),
     # One shared feature layer, K heads: the nodes also send the shared layers' update.
     "fedrc_shared": lambda: lf.FedRCStrategy(2, shared_layers=("net.0",), local_steps=2, executor="loop"),
 }  # fmt: skip

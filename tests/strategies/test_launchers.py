@@ -27,8 +27,8 @@ DISTRIBUTED_VARIABLES = {
 
 STRATEGIES = [
     "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_bf16",
-    "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedem", "dfedem", "ifca", "fesem", "wecfl",
-    "fedsoft", "cfl", "fedavg", "fedprox",
+    "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedrc_grouping", "fedem", "dfedem", "ifca",
+    "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
 ]  # fmt: skip
 EXECUTORS = ["loop", "vectorized"]
 RUNS = [f"fedrc:{executor}" for executor in EXECUTORS] + STRATEGIES

@@ -128,7 +128,7 @@ def start_turn(
         load_state(solver.optimizer, solver.layout, *stored)
     losses, outputs = evaluate_models(setup.models, x, y, setup.task, setup.pass_rows, setup.logits_from)
     offsets = torch.tensor([0, x.shape[0]])
-    (work,) = prepare(setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed)
+    (work,) = prepare(setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed, outputs)
     work.order = work.order.to(setup.device)
     weights = prediction_weights_per_row(setup.rule, [work], setup.device)
     round_state.add_metrics(train_metric_sums(outputs, y, weights, setup.task))

@@ -87,7 +87,15 @@ class VectorizedExecutor:
                 module.client_context(c, round_index, n) for c, n in zip(clients, sizes.tolist(), strict=True)
             ]
             works = prepare(
-                module.rule, losses, y, local_offsets, contexts, slots, module.log_label_stats, module.seed
+                module.rule,
+                losses,
+                y,
+                local_offsets,
+                contexts,
+                slots,
+                module.log_label_stats,
+                module.seed,
+                outputs,
             )
             weights = prediction_weights_per_row(module.rule, works, module.device)
             module.round.add_metrics(train_metric_sums(outputs, y, weights, module.task))

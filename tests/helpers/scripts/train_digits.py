@@ -77,6 +77,9 @@ STRATEGIES = {
     "fedrc_server_adam": lambda cpr: lf.FedRCStrategy(
         3, clients_per_round=cpr, local_steps=3, server_optimizer="adam", server_lr=0.05
     ),
+    "fedrc_grouping": lambda cpr: lf.FedRCStrategy(
+        4, clients_per_round=cpr, local_steps=3, group_round=1, merge_threshold=100.0, merge_after=2
+    ),
     "fedrc_reseed": lambda cpr: lf.FedRCStrategy(
         3, clients_per_round=cpr, local_steps=3, reseed_threshold=0.34, optimizer_state="persist"
     ),

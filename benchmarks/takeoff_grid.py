@@ -1,0 +1,394 @@
+"""Issue 25's done-means grid: the take-off cells, the one-concept scenario and K started at 6, as
+parallel worker processes (e.g. eight sharing one GPU), one JSON line per job.
+
+A job is (configuration, cell, seed): the authors' FashionMNIST-C recipe of
+``authors_comparison.py run`` (FashionCNN, SGD lr 0.06, momentum 0.9 kept between rounds
+(``optimizer_state='persist'``), weight decay 5e-4, batch 128, one local step, every client every
+round) on a data set written by ``authors_comparison.py write``. Configurations:
+
+    fedrc      plain FedRC, K = 3 (today's baseline)
+    group      concept grouping after round 15 with the C floor 0.01 (the screening's best)
+    group+merge  the same and cluster merging (0.5 nats per sample, from round 25 on)
+    fedavg     FedAvgStrategy (one model)
+
+Recorded per job: the concept ARI of every round, the take-off round (first round with ARI >= 0.8),
+the global accuracy (the written global clients: ω fitted on their adapt rows, scored on their
+score rows) every ``--eval-every`` rounds and at the last, the mean accuracy of the clients' own
+test rows at those rounds (the validation signal: the best-validation round is chosen by it),
+the final K (alive clusters), the clusters that explain < 5 % of the data (dead), and seconds.
+
+    PYTHONPATH=$PWD python3 benchmarks/takeoff_grid.py run --data-root /work/takeoff \\
+        --accelerator cuda --workers 8 --executor vectorized --budget-s 420 --out /tmp/grid/jobs.jsonl
+    PYTHONPATH=$PWD python3 benchmarks/takeoff_grid.py summarize /tmp/grid/jobs.jsonl
+
+``run --list`` prints the job list; ``--only`` keeps jobs whose name contains one of the words;
+``--max-jobs`` keeps the first N in priority order (the mechanism on the four cells, the
+baselines, the one-concept scenario, K = 6). Finished jobs already in ``--out`` are skipped, so a
+run cut short resumes where it stopped; ``--budget-s`` stops the workers after that many seconds,
+keeps what finished and prints the table. A job whose ``--executor`` fails falls back to the loop
+(recorded as ``fallback``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TAKE_OFF_ARI = 0.8
+DEAD_SHARE = 0.05
+CELLS = ("a1", "a10", "m1", "m10")
+MNIST_CELLS = ("m1", "m10")
+ONE_CONCEPT = "m10-one"
+GROUP = {"group_round": 15, "label_stats_floor": 0.01}
+MERGE = {"merge_threshold": 0.5, "merge_after": 25}
+CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
+    "fedrc": ("fedrc", 3, {}),
+    "group": ("fedrc", 3, GROUP),
+    "group+merge": ("fedrc", 3, {**GROUP, **MERGE}),
+    "group+merge-k6": ("fedrc", 6, {**GROUP, **MERGE}),
+    "fedavg": ("fedavg", 1, {}),
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    config: str
+    cell: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.config}/{self.cell}/s{self.seed}"
+
+
+def job_list(seeds: list[int]) -> list[Job]:
+    """Every job, in priority order."""
+    jobs = [Job("group", cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job("fedrc", cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job(config, ONE_CONCEPT, s) for config in ("group+merge", "fedavg") for s in seeds]
+    jobs += [Job("group+merge-k6", "m10", s) for s in seeds]
+    return jobs
+
+
+@dataclass
+class Settings:
+    data_root: str
+    rounds: int
+    accelerator: str
+    precision: str
+    eval_every: int
+    threads: int
+    executor: str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_evaluation(every: int):  # noqa: ANN201
+    """A callback: each round's concept ARI, and every ``every`` rounds (and at the last) the global
+    clients' accuracy per concept and the clients' mean accuracy on their own test rows."""
+    import lightning.pytorch as pl
+    import torch
+    from authors_comparison import concept_ari
+
+    class Evaluation(pl.Callback):
+        def __init__(self, global_clients: list) -> None:
+            self.global_clients, self.rows = global_clients, []
+
+        def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            state = module.client_state
+            number = len(self.rows) + 1
+            row: dict[str, Any] = {
+                "round": number,
+                "ari": concept_ari(state.omega, trainer.datamodule.metadata.concept, state.seen),
+                "alive": int(state.active.sum()),
+            }
+            if number % every == 0 or number == trainer.max_epochs:
+                for concept, xa, ya, xs_g, ys_g in self.global_clients:
+                    omega = module.adapt(xa, ya)
+                    predicted = module.predict_proba(xs_g, omega).argmax(1).cpu()
+                    row[f"acc{concept}"] = float((predicted == ys_g).double().mean())
+                dm = trainer.datamodule
+                sizes = dm.test_offsets.diff()
+                owner = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
+                predicted = module.predict_proba(dm.test_x, client=owner).argmax(1).cpu()
+                hits = (predicted == dm.test_y).double()
+                per_client = torch.zeros(sizes.numel(), dtype=torch.float64).index_add_(0, owner, hits)
+                per_client /= sizes.clamp(min=1).double()
+                row["val"] = float(per_client.mean())
+            self.rows.append(row)
+
+    return Evaluation
+
+
+def run_job(job: Job, settings: Settings) -> dict[str, Any]:
+    """Train one job and return its record (errors are recorded, not raised)."""
+    start = time.time()
+    try:
+        return {**execute(job, settings), "seconds": time.time() - start}
+    except Exception:  # noqa: BLE001 - one failed job must not stop the grid
+        if settings.executor != "loop":  # an executor that fails here: the loop runs every rule
+            first = traceback.format_exc().strip().splitlines()[-1]
+            record = run_job(job, replace(settings, executor="loop"))
+            return {**record, "fallback": f"executor {settings.executor} failed ({first}); ran the loop"}
+        return {
+            **asdict(job),
+            "name": job.name,
+            "error": traceback.format_exc(),
+            "seconds": time.time() - start,
+        }
+
+
+def execute(job: Job, settings: Settings) -> dict[str, Any]:
+    import torch
+    from _common import make_trainer, quiet
+    from authors_comparison import authors_model, make_strategy, read
+
+    from lightning_fedcluster import FedAvgStrategy
+    from lightning_fedcluster.algorithms.reseed import cluster_shares
+
+    quiet()
+    torch.set_num_threads(settings.threads)
+    kind, k, options = CONFIGS[job.config]
+    dm, global_clients, manifest = read(Path(settings.data_root) / job.cell)
+    torch.manual_seed(job.seed)
+    model, _ = authors_model()
+    if kind == "fedavg":
+        strategy = FedAvgStrategy(
+            local_steps=1,
+            clients_per_round=None,
+            seed=job.seed,
+            optimizer_state="persist",
+            executor=settings.executor,
+        )
+    else:
+        strategy, state = make_strategy("persist", job.seed, {**options, "executor": settings.executor}, k)
+        assert state == "persist"
+    evaluation = make_evaluation(settings.eval_every)(global_clients)
+    trainer = make_trainer(
+        strategy,
+        settings.rounds,
+        validate=False,
+        callbacks=[evaluation],
+        precision=settings.precision,
+        accelerator=settings.accelerator,
+    )
+    fit_start = time.time()
+    trainer.fit(model, datamodule=dm)
+    fit_seconds = time.time() - fit_start
+    rows = evaluation.rows
+    state = trainer.lightning_module.client_state
+    concepts = sorted({c["concept"] for c in manifest["clients"]})
+    for row in rows:
+        if "acc0" in row:  # the global accuracy: mean over the concepts the clients hold
+            row["acc"] = statistics.mean(row[f"acc{c}"] for c in concepts)
+    scored = [r for r in rows if "acc" in r]
+    best = max(scored, key=lambda r: (r["val"], -r["round"]))
+    shares = cluster_shares(state.omega, dm.train_sizes, state.seen)
+    alive = state.active.nonzero().flatten().tolist()
+    ari = [r["ari"] for r in rows]
+    return {
+        **asdict(job),
+        "name": job.name,
+        "k_start": k,
+        "options": options,
+        "concepts": concepts,
+        "rounds": len(rows),
+        "ari": ari,
+        "alive": [r["alive"] for r in rows],
+        "take_off": next((r["round"] for r in rows if r["ari"] >= TAKE_OFF_ARI), None),
+        "scored": {r["round"]: {"acc": r["acc"], "val": r["val"]} for r in scored},
+        "acc25": next((r["acc"] for r in scored if r["round"] == 25), None),
+        "acc60": next((r["acc"] for r in scored if r["round"] == 60), None),
+        "acc_last": scored[-1]["acc"],
+        "best_val_round": best["round"],
+        "acc_best_val": best["acc"],
+        "final_k": len(alive),
+        "dead": sum(float(shares[c]) < DEAD_SHARE for c in alive),
+        "used": int(state.omega[state.seen].argmax(1).unique().numel()),
+        "device": str(trainer.lightning_module.device),
+        "executor": trainer.lightning_module.executor,
+        "fit_seconds": fit_seconds,
+    }
+
+
+def _worker(item: tuple[Job, Settings]) -> dict[str, Any]:
+    return run_job(*item)
+
+
+def run(args: argparse.Namespace) -> None:
+    jobs = job_list(args.seeds)
+    if args.only:
+        jobs = [j for j in jobs if any(word in j.name for word in args.only)]
+    jobs = jobs[: args.max_jobs]
+    if args.list:
+        for job in jobs:
+            print(job.name)
+        return
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = set()
+    if out.exists():
+        done = {json.loads(line)["name"] for line in out.read_text().splitlines() if line.strip()}
+    todo = [j for j in jobs if j.name not in done]
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.workers))
+    settings = Settings(
+        args.data_root, args.rounds, args.accelerator, args.precision, args.eval_every, threads, args.executor
+    )
+    print(
+        f"{len(todo)} jobs ({len(jobs) - len(todo)} already in {out}), {args.workers} workers, "
+        f"{threads} torch threads each, {args.accelerator}, executor {args.executor}, {args.rounds} rounds, "
+        f"precision {args.precision}",
+        flush=True,
+    )
+    start = time.time()
+    context = mp.get_context("spawn")
+    finished = 0
+    with context.Pool(args.workers) as pool, out.open("a") as sink:
+        results = pool.imap_unordered(_worker, [(j, settings) for j in todo])
+        while finished < len(todo):
+            left = None if args.budget_s is None else args.budget_s - (time.time() - start)
+            try:
+                record = results.next(timeout=left) if left is None or left > 0 else None
+            except mp.TimeoutError:
+                record = None
+            if record is None:
+                print(
+                    f"time budget of {args.budget_s} s spent: {len(todo) - finished} jobs not finished",
+                    flush=True,
+                )
+                pool.terminate()
+                break
+            finished += 1
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            status = "ERROR" if "error" in record else f"take-off {record['take_off']}, K {record['final_k']}"
+            print(
+                f"[{time.time() - start:6.0f} s] {record['name']}: {status} ({record['seconds']:.0f} s)",
+                flush=True,
+            )
+            if "error" in record:
+                print(record["error"], flush=True)
+            if "fallback" in record:
+                print(f"  {record['fallback']}", flush=True)
+    print(f"{finished} jobs done in {time.time() - start:.0f} s", flush=True)
+    summarize(argparse.Namespace(records=str(out), rounds=args.rounds))
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.0f}" if values else "-"
+
+
+def _mean(values: list[float | None], scale: float = 100.0) -> str:
+    present = [v for v in values if v is not None]
+    return f"{scale * statistics.mean(present):.1f}" if present else "-"
+
+
+def summarize(args: argparse.Namespace) -> None:
+    records = [json.loads(line) for line in Path(args.records).read_text().splitlines() if line.strip()]
+    errors = [r for r in records if "error" in r]
+    records = [r for r in records if "error" not in r]
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault((r["config"], r["cell"]), []).append(r)
+    print(
+        f"{len(records)} jobs, {len(errors)} failed; take-off: first round with concept ARI >= {TAKE_OFF_ARI}"
+    )
+    print("\nThe four take-off cells (60 rounds, authors' recipe):")
+    print(f"{'config':<16}{'cell':<6}{'runs':>5}{'take-offs':>10}{'median r':>9}{'acc r25':>8}"
+          f"{'acc r60':>8}{'acc bestval':>12}{'final K':>8}{'dead':>5}")  # fmt: skip
+    for config in ("fedrc", "group", "group+merge"):
+        total, took = 0, []
+        for cell in CELLS:
+            runs = by.get((config, cell), [])
+            if not runs:
+                continue
+            offs = [r["take_off"] for r in runs if r["take_off"] is not None]
+            total += len(runs)
+            took += offs
+            print(
+                f"{config:<16}{cell:<6}{len(runs):>5}{len(offs):>10}{_median(offs):>9}"
+                f"{_mean([r['acc25'] for r in runs]):>8}{_mean([r['acc60'] for r in runs]):>8}"
+                f"{_mean([r['acc_best_val'] for r in runs]):>12}"
+                f"{statistics.mean(r['final_k'] for r in runs):>8.1f}{sum(r['dead'] > 0 for r in runs):>5}"
+            )
+        if total:
+            median = _median(took + [args.rounds + 1] * (total - len(took)))
+            r60 = {cell: _mean([r["acc60"] for r in by.get((config, cell), [])]) for cell in MNIST_CELLS}
+            print(
+                f"{config:<16}{'all':<6}{total:>5}{len(took):>10}  done means: take-offs {len(took)}/{total} "
+                f"(>= 18 of 20), median take-off {median} (<= 25; not taken off = {args.rounds + 1}), "
+                f"mean r60 accuracy m1 {r60['m1']}, m10 {r60['m10']} (>= 88)"
+            )
+    print("\nOne concept (m10-one): final K, accuracy (concept 0) at the last and best-validation round")
+    fedavg = {r["seed"]: r for r in by.get(("fedavg", ONE_CONCEPT), [])}
+    for r in sorted(by.get(("group+merge", ONE_CONCEPT), []), key=lambda r: r["seed"]):
+        base = fedavg.get(r["seed"])
+        versus = (
+            ""
+            if base is None
+            else f"  FedAvg {100 * base['acc_last']:.1f} / {100 * base['acc_best_val']:.1f}"
+        )
+        gap = "" if base is None else f"  within 1 point: {abs(r['acc_last'] - base['acc_last']) <= 0.01}"
+        print(
+            f"  seed {r['seed']}: final K {r['final_k']} (used {r['used']}), FedRC+mechanism "
+            f"{100 * r['acc_last']:.1f} / {100 * r['acc_best_val']:.1f}{versus}{gap}"
+        )
+    print("\nThree concepts, K started at 6 (m10): final K, concept ARI, accuracy at the last round")
+    for r in sorted(by.get(("group+merge-k6", "m10"), []), key=lambda r: r["seed"]):
+        print(
+            f"  seed {r['seed']}: final K {r['final_k']} (used {r['used']}, dead {r['dead']}), "
+            f"ARI {r['ari'][-1]:.2f}, acc {100 * r['acc_last']:.1f}"
+        )
+    seconds = [r["seconds"] for r in records]
+    if seconds:
+        spread = f"median {statistics.median(seconds):.0f}, max {max(seconds):.0f}"
+        print(f"\njob seconds: {spread}; device {records[0]['device']}")
+    for r in records:
+        if "fallback" in r:
+            print(f"{r['name']}: {r['fallback']}")
+    for r in errors:
+        print(f"FAILED {r['name']}: {r['error'].strip().splitlines()[-1]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the jobs, one JSON line each")
+    r.add_argument("--data-root", required=True, help="folder holding a1, a10, m1, m10, m10-one")
+    r.add_argument("--out", required=True, help="the JSON-lines file (appended; finished jobs are skipped)")
+    r.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--workers", type=int, default=1, help="parallel worker processes")
+    r.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    r.add_argument("--rounds", type=int, default=60)
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    r.add_argument("--precision", default="32-true")
+    r.add_argument(
+        "--executor", choices=("auto", "loop", "vectorized"), default="auto",
+        help="the engine's executor (auto: the loop for a CNN; vectorized is ~2.5x faster on a GPU)",
+    )  # fmt: skip
+    r.add_argument("--eval-every", type=int, default=5, help="score the global clients every N rounds")
+    r.add_argument("--only", nargs="+", default=None, help="keep jobs whose name contains one of these")
+    r.add_argument("--max-jobs", type=int, default=None, help="the first N jobs in priority order")
+    r.add_argument("--budget-s", type=float, default=None, help="stop (keeping finished jobs) after this")
+    r.add_argument("--list", action="store_true", help="print the jobs and stop")
+    s = sub.add_parser("summarize", help="print the done-means table of a records file")
+    s.add_argument("records")
+    s.add_argument("--rounds", type=int, default=60)
+    args = parser.parse_args()
+    run(args) if args.command == "run" else summarize(args)
+
+
+if __name__ == "__main__":
+    main()

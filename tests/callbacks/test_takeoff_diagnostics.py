@@ -1,0 +1,68 @@
+"""callbacks/takeoff_diagnostics.py: per-round cluster-formation diagnostics, recomputed by hand
+from the module after a fit, and no effect on training."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from lightning_fedcluster import FedRCStrategy
+from lightning_fedcluster.algorithms.protocols import label_statistics
+from lightning_fedcluster.callbacks.takeoff_diagnostics import TakeoffDiagnostics, entropy, separation
+from lightning_fedcluster.metrics import concept_ari
+from lightning_fedcluster.models import MLPClassifier
+from tests.conftest import make_trainer
+
+
+def _fit(digits, callbacks, rounds=2):
+    torch.manual_seed(0)
+    model = MLPClassifier(lr=0.2)
+    trainer = make_trainer(
+        FedRCStrategy(3, clients_per_round=None, local_steps=1, executor="loop", seed=0),
+        max_epochs=rounds,
+        callbacks=callbacks,
+    )
+    trainer.fit(model, datamodule=digits)
+    return trainer, trainer.lightning_module
+
+
+def test_the_last_rounds_record_matches_a_recomputation_and_training_is_unchanged(digits, tmp_path):
+    diagnostics = TakeoffDiagnostics(gradients=True)
+    trainer, module = _fit(digits, [diagnostics])
+    _, plain = _fit(digits, [])
+    for a, b in zip(module.models.parameters(), plain.models.parameters(), strict=True):
+        assert torch.equal(a, b)  # attaching it changes nothing
+    assert [row["round"] for row in diagnostics.rows] == [1, 2]
+    row = diagnostics.rows[-1]
+    state = module.client_state
+    assert row["ari"] == concept_ari(state.omega, digits.metadata.concept, state.seen)
+    # Client 0's margin and entropies by hand from the final models.
+    x, y = module.split("train", 0)
+    losses, _ = module.evaluate_clusters(x, y)
+    log_c = label_statistics(module.rule, state)
+    scores = -losses.double() - log_c[y]
+    mean_ll = scores.mean(0).sort(descending=True).values
+    assert row["margin"][0] == pytest.approx(float(mean_ll[0] - mean_ll[1]))
+    gamma = torch.softmax(scores + state.omega[0].log(), dim=1)
+    assert row["gamma_entropy"][0] == pytest.approx(float(entropy(gamma).mean()))
+    assert row["omega_entropy"][0] == pytest.approx(float(entropy(state.omega[0])))
+    assert len(row["model_distance"]) == 3 and all(d > 0 for d in row["model_distance"])
+    assert -1.0 <= row["prediction_ari"] <= 1.0 and -1.0 <= row["gradient_ari"] <= 1.0
+    path = tmp_path / "d.json"
+    diagnostics.save(path)
+    assert json.loads(path.read_text())[-1]["ari"] == row["ari"]
+
+
+def test_separation_is_between_over_within():
+    truth = torch.tensor([0, 0, 1])
+    d = torch.tensor([[0.0, 0.1, 0.6], [0.1, 0.0, 0.8], [0.6, 0.8, 0.0]], dtype=torch.float64)
+    assert separation(d, truth) == pytest.approx(0.7 / 0.1)
+    assert math.isnan(separation(d, torch.tensor([0, 1, 2])))  # no pair shares a concept
+
+
+def test_every_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="every must be a positive integer"):
+        TakeoffDiagnostics(every=0)
