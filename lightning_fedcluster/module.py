@@ -62,6 +62,7 @@ from lightning_fedcluster.engine.step_count import count_steps
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
 from lightning_fedcluster.export import ClusterExport
+from lightning_fedcluster.metrics.undefined import warn_nan_metrics
 from lightning_fedcluster.prediction import PredictionHooks
 
 CHECKPOINT_KEY = CLIENT_STATE_KEY
@@ -391,6 +392,7 @@ class ClusteredModule(
 
     def _log_round_metrics(self, metrics: dict[str, float]) -> None:
         self.round_metrics = metrics
+        warn_nan_metrics(metrics)
         for name, value in metrics.items():
             prog_bar = name in ("train/loss", "train/acc", "train/mse")
             options = dict(on_step=False, on_epoch=True, logger=False, batch_size=1, sync_dist=True)
