@@ -56,6 +56,7 @@ from lightning_fedcluster.engine.setup_checks import (
     check_output_shape,
     check_rule_on_model,
     check_training_setup,
+    input_shape_error,
     warn_before_fit,
 )
 from lightning_fedcluster.engine.step_count import count_steps
@@ -292,8 +293,14 @@ class ClusteredModule(
         trainer = attached_trainer(self)
         if trainer is not None:
             precision = trainer.precision_plugin.forward_context()
-        with precision:
-            return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
+        try:
+            with precision:
+                return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
+        except RuntimeError as error:
+            explained = input_shape_error(type(self.models[0]).__name__, x, error)
+            if explained is error:
+                raise
+            raise explained from error
 
     def forward(self, x: Tensor) -> Tensor:
         """Outputs of every cluster model, shape [K, N, ...]."""
