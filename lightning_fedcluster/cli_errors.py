@@ -48,6 +48,9 @@ NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted$")
 NO_SUCH_CLASS = re.compile(r"^(?:Expected a dot import path string:|Import path)\s*(\S+)")
 UNRECOGNIZED = re.compile(r"^unrecognized arguments: (.*)$", re.IGNORECASE)
 STRATEGY_NAME = re.compile(r"invalid strategy name: `strategy='([^']+)'`")
+UNREGISTERED = re.compile(
+    r"^strategy='([^']+)' is not a registered strategy"
+)  # strategies.check_strategy_name
 
 
 def debug_requested() -> bool:
@@ -82,6 +85,10 @@ def summarize(message: str, parser: Any = None) -> str:
     unrecognized = UNRECOGNIZED.match(lines[0]) if lines else None
     if unrecognized:
         return unknown_options(unrecognized.group(1), parser)
+    unregistered = UNREGISTERED.match(lines[0]) if lines else None
+    if unregistered:  # the library's message; a strategy class name it did not match gets one
+        hint = "" if "did you mean" in lines[0] else suggestion(unregistered.group(1), "trainer.strategy")
+        return lines[0] + hint
     strategy = STRATEGY_NAME.search(message)
     if strategy:
         name = strategy.group(1)

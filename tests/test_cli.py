@@ -154,7 +154,8 @@ def test_a_strategy_typo_on_the_command_line_fails_before_training(tmp_path, cap
     with pytest.raises(SystemExit) as stop:
         run_cli(["fit", "--trainer.strategy.init_args.num_cluster", "5", *small(tmp_path)])
     assert stop.value.code != 0
-    assert "FedRCStrategy has no argument 'num_cluster'; did you mean num_clusters?" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "FedRCStrategy has no argument 'num_cluster'; did you mean num_clusters?" in said
 
 
 def test_the_strategys_choices_are_typed_and_checked_by_the_cli(tmp_path, capsys):

@@ -49,7 +49,7 @@ CASES = {
     ),
     "strategy class": (
         ["--trainer.strategy", "FedRCStrateg"],
-        "error: --trainer.strategy: no strategy named 'fedrcstrateg'; did you mean FedRCStrategy?",
+        "error: strategy='FedRCStrateg' is not a registered strategy: lightning-fedcluster's are fedrc,",
     ),
     "strategy argument": (
         ["--trainer.strategy.init_args.num_cluster", "3"],
@@ -83,6 +83,8 @@ def test_each_bad_command_line_is_reported_first_in_two_lines(case, npz_files, m
     args, first = CASES[case]
     lines = run_main(monkeypatch, capsys, *args)
     assert lines[0] == first or lines[0].startswith(first), lines
+    if case == "strategy class":
+        assert lines[0].endswith("; did you mean FedRCStrategy?")
     assert len(lines) == 2 and DEBUG_ENV in lines[1], lines  # the second line: where the full report is
 
 

@@ -11,7 +11,11 @@ from typing import Any, Generic, TypeVar
 from torch import Tensor
 
 from lightning_fedcluster.datamodules.clients import build_clients
-from lightning_fedcluster.datamodules.scenario import build_scenario, preset_evaluation_fractions, rows_as_images
+from lightning_fedcluster.datamodules.scenario import (
+    build_scenario,
+    preset_evaluation_fractions,
+    rows_as_images,
+)
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 Built = TypeVar("Built")

@@ -27,7 +27,7 @@ from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.metrics.clustering import concept_ari
-from lightning_fedcluster.metrics.undefined import warn_nan_metrics
+from lightning_fedcluster.metrics.undefined import NOT_FINITE, warn_nan_metrics
 
 
 def score(prediction: Tensor, y: Tensor, task: str) -> Tensor:
@@ -171,7 +171,10 @@ class Evaluation:
         for concept in sorted(set(concepts)):
             members = [g for g in scored if concepts[g] == concept]
             metrics[f"{stage}/global_{metric}_concept{concept}"] = _mean(values[g + 1] for g in members)
-        self.undefined = undefined_causes(stage, metric, counts, int(state.seen.sum()), concepts)
+        seen_concepts = int(dm.metadata.concept.cpu()[state.seen.cpu()].unique().numel())
+        self.undefined = undefined_causes(
+            stage, metric, counts, int(state.seen.sum()), seen_concepts, concepts
+        )
         return metrics
 
 
@@ -181,17 +184,25 @@ def _mean(values: Iterable[float]) -> float:
 
 
 def undefined_causes(
-    stage: str, metric: str, counts: Tensor, seen: int, concepts: list[int]
+    stage: str, metric: str, counts: Tensor, seen: int, seen_concepts: int, concepts: list[int]
 ) -> dict[str, str]:
     """Why each of the stage's metrics would be NaN, keyed by metric name: ``counts`` [1 + G] are
     the rows scored (participating clients, then each global client), ``seen`` the clients that
-    took part in training, ``concepts`` [G] the global clients' true concepts."""
+    took part in training and ``seen_concepts`` their distinct true concepts, ``concepts`` [G] the
+    global clients' true concepts."""
     split = "validation" if stage == "val" else "test"
+    if seen < 2:
+        ari = (
+            f"it needs at least two clients that took part in training, {seen} did (from the first round on)"
+        )
+    elif seen_concepts < 2:
+        ari = "the clients that took part all have one true concept: no grouping to recover (concepts=1)"
+    else:
+        ari = NOT_FINITE
     causes = {
         f"{stage}/local_{metric}": f"no participating client has {split} rows (raise test_fraction, or "
         "give the clients held-out rows)",
-        f"{stage}/concept_ari": f"it needs at least two clients that took part in training, {seen} did "
-        "(it is defined from the first trained round on)",
+        f"{stage}/concept_ari": ari,
         f"{stage}/global_{metric}": "the datamodule has no global (unseen) test clients (give global_test)"
         if not concepts
         else f"no global client has {split} rows to score (give each at least 2 rows)",
