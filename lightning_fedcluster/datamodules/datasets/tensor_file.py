@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lightning_fedcluster.arguments import is_int
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
-from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.scenario import build_scenario, preset_evaluation_fractions
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 __all__ = ["TENSOR_FILE_SUFFIXES", "TensorFileFederated", "load_tensor_file"]
@@ -87,6 +87,7 @@ class TensorFileFederated(FederatedDataModule):
         preset: str | None = None,
     ) -> None:
         check_batch_size(batch_size)
+        test_fraction, adapt_fraction = preset_evaluation_fractions(preset, test_fraction, adapt_fraction)
         tensors = load_tensor_file(path)
         x = as_images(tensors["x"], image_shape, channels_last, "x")
         global_test = None
