@@ -13,7 +13,7 @@ take-off study's sets (``authors_comparison.py``).
     OMP_NUM_THREADS=1 python benchmarks/cpu_image_recipe.py --model small --local-steps 5 --batch 32 \\
         --lr 0.05 --momentum 0.9 --optimizer-state persist --rounds 40 --seeds 0 1 2 3 4
     OMP_NUM_THREADS=1 python benchmarks/cpu_image_recipe.py --model paper --local-steps 1 --batch 128 \\
-        --lr 0.06 --momentum 0.9 --optimizer-state persist --rounds 40 --seeds 0 1 2
+        --lr 0.06 --momentum 0.9 --weight-decay 5e-4 --optimizer-state persist --rounds 40 --seeds 0 1 2
 """
 
 from __future__ import annotations
