@@ -167,6 +167,34 @@ class RoundTimer(pl.Callback):
         self.rounds.append(row)
 
 
+class TrainValidateTimer(pl.Callback):
+    """Per epoch, the training time (the epoch less the validation Lightning runs inside it) and
+    each validation's time and metrics (``module.eval_metrics``, keyed by the rounds trained);
+    a sanity check counts as a validation after 0 rounds."""
+
+    def __init__(self) -> None:
+        self.train: list[float] = []
+        self.validate: list[float] = []
+        self.metrics: dict[int, dict[str, float]] = {}
+        self._inner = 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start, self._inner = clock(), 0.0
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._validation_start = clock()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        seconds = clock() - self._validation_start  # after the module's epoch end: its metrics are set
+        self.validate.append(seconds)
+        self._inner += seconds
+        rounds = 0 if trainer.sanity_checking else trainer.current_epoch + 1
+        self.metrics[rounds] = dict(getattr(pl_module, "eval_metrics", {}))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.train.append(clock() - self._start - self._inner)
+
+
 def summarise(rows: Sequence[dict[str, float]], warmup: int) -> dict[str, float]:
     """Median of every column over the rounds after ``warmup``; also the fastest round."""
     kept = list(rows[warmup:]) or list(rows)

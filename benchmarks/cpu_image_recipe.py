@@ -22,9 +22,17 @@ import argparse
 import math
 import statistics
 
-import lightning.pytorch as pl
 import torch
-from _common import CLOCK_HELP, clock, command_line, machine_line, make_trainer, quiet, set_clock, set_threads
+from _common import (
+    CLOCK_HELP,
+    TrainValidateTimer,
+    command_line,
+    machine_line,
+    make_trainer,
+    quiet,
+    set_clock,
+    set_threads,
+)
 from authors_comparison import DATASETS, SOURCES
 
 from lightning_fedcluster import ClusteredModule, FederatedDataModule, FedRCStrategy
@@ -32,29 +40,6 @@ from lightning_fedcluster.models import FashionCNN
 
 MODELS = {"paper": {}, "small": {"channels": (16, 32), "hidden": 128}}
 TAKE_OFF_ARI = 0.8
-
-
-class RecipeRecorder(pl.Callback):
-    """Training CPU-s per round (the epoch less the validation inside it) and every validation's
-    metrics, keyed by the round just trained."""
-
-    def __init__(self) -> None:
-        self.train: list[float] = []
-        self.validations: dict[int, dict[str, float]] = {}
-        self._inner = 0.0
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start, self._inner = clock(), 0.0
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._validation_start = clock()
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._inner += clock() - self._validation_start  # runs after the module's metrics are set
-        self.validations[trainer.current_epoch + 1] = dict(pl_module.eval_metrics)
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.train.append(clock() - self._start - self._inner)
 
 
 def run(args: argparse.Namespace, images: torch.Tensor, labels: torch.Tensor, seed: int) -> dict[str, float]:
@@ -72,16 +57,16 @@ def run(args: argparse.Namespace, images: torch.Tensor, labels: torch.Tensor, se
         seed=seed,
         optimizer_state=args.optimizer_state,
     )
-    recorder = RecipeRecorder()
+    recorder = TrainValidateTimer()
     trainer = make_trainer(
         strategy, args.rounds, validate=True, callbacks=[recorder], check_val_every_n_epoch=args.eval_every,
         precision=args.precision,
     )  # fmt: skip
     trainer.fit(module, datamodule=dm)
     test = trainer.test(module, datamodule=dm, verbose=False)[0]
-    validated = sorted(recorder.validations.items())
+    validated = sorted(recorder.metrics.items())
     take_off = next((r for r, m in validated if m["val/concept_ari"] >= TAKE_OFF_ARI), None)
-    best_round, best = max(recorder.validations.items(), key=lambda item: item[1]["val/global_acc"])
+    best_round, best = max(recorder.metrics.items(), key=lambda item: item[1]["val/global_acc"])
     return {
         "round_s": statistics.median(recorder.train[1:] or recorder.train),
         "take_off": math.nan if take_off is None else float(take_off),

@@ -44,11 +44,11 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import lightning.pytorch as pl
 import torch
 from _common import (
     CLOCK_HELP,
     RoundTimer,
+    TrainValidateTimer,
     clock,
     command_line,
     machine_line,
@@ -107,37 +107,13 @@ def recipe_datamodule(data: str, seed: int) -> FederatedDataModule:
     )
 
 
-class RoundAndValidationTimer(pl.Callback):
-    """Per epoch: the training time (the epoch less the validation Lightning runs inside it) and
-    the validation time; the sanity check (full, round 0) is recorded as a validation too."""
-
-    def __init__(self) -> None:
-        self.train: list[float] = []
-        self.validate: list[float] = []
-        self._inner = 0.0
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start, self._inner = clock(), 0.0
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._validation_start = clock()
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        seconds = clock() - self._validation_start
-        self.validate.append(seconds)
-        self._inner += seconds
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.train.append(clock() - self._start - self._inner)
-
-
 def per_round(args: argparse.Namespace) -> None:
     """The issue-28 recipe round by round: validation of 2,000 clients against a 200-client round."""
     dm = recipe_datamodule(args.data, args.seed)
     strategy = FedRCStrategy(
         num_clusters=3, local_steps=2, clients_per_round=200, seed=args.seed, executor=args.executor
     )
-    timer = RoundAndValidationTimer()
+    timer = TrainValidateTimer()
     trainer = make_trainer(
         strategy, args.per_round, validate=True, callbacks=[timer], num_sanity_val_steps=-1
     )
