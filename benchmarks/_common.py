@@ -66,7 +66,10 @@ def profiled(function: Callable[[], Any], path: str | None) -> Any:
 
 
 def clock() -> float:
-    """The benchmark clock chosen with ``set_clock`` (wall by default)."""
+    """The benchmark clock chosen with ``set_clock`` (wall by default); once CUDA is in use it
+    waits for the GPU's queued work first, so a GPU round is timed to its end."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return _clock()
 
 
@@ -98,8 +101,9 @@ def machine_line() -> str:
     """Machine, versions, thread count and current load: printed with every table."""
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     clock_name = "CPU seconds of this process" if _clock is time.process_time else "wall seconds"
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (
-        f"machine: {cpu_model()} ({platform.machine()}), {os.cpu_count()} cores, load avg {load}; "
+        f"machine: {cpu_model()} ({platform.machine()}), {os.cpu_count()} cores{gpu}, load avg {load}; "
         f"python {platform.python_version()}, torch {torch.__version__}, lightning {pl.__version__}, "
         f"torch threads {torch.get_num_threads()}, matmul {gemm_gflops():.0f} GFLOP/s (wall); times in "
         f"{clock_name}"
@@ -121,6 +125,28 @@ def gemm_gflops(seconds: float = 0.5, size: int = 1024) -> float:
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> None:
+    """Restart the kernel's peak-RSS counter (VmHWM) of this process, so that ``fit_peak_rss_mb``
+    measures one phase (Linux >= 4.0; elsewhere the process's peak so far stays)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def fit_peak_rss_mb() -> float:
+    """Peak RSS since ``reset_peak_rss`` (VmHWM), in MB; the process's peak where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return peak_rss_mb()
 
 
 def current_rss_mb() -> float:
