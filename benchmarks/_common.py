@@ -158,13 +158,21 @@ def current_rss_mb() -> float:
         return 0.0
 
 
-def make_trainer(strategy: Any, rounds: int, *, validate: bool, callbacks: Sequence[pl.Callback] = (),
-                 **overrides: Any) -> pl.Trainer:
+def make_trainer(
+    strategy: Any, rounds: int, *, validate: bool, callbacks: Sequence[pl.Callback] = (), **overrides: Any
+) -> pl.Trainer:
     """A quiet CPU trainer: one epoch per round, validation every round when ``validate``."""
     options: dict[str, Any] = dict(
-        strategy=strategy, accelerator="cpu", devices=1, max_epochs=rounds, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, callbacks=list(callbacks),
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=rounds,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=list(callbacks),
     )
     if validate:
         options["check_val_every_n_epoch"] = 1
@@ -230,8 +238,14 @@ def summarise(rows: Sequence[dict[str, float]], warmup: int) -> dict[str, float]
     return summary
 
 
-def random_clients(num_clients: int, train_size: int, test_size: int, sample_shape: Sequence[int],
-                   num_classes: int = 10, seed: int = 0) -> tuple[list, list]:
+def random_clients(
+    num_clients: int,
+    train_size: int,
+    test_size: int,
+    sample_shape: Sequence[int],
+    num_classes: int = 10,
+    seed: int = 0,
+) -> tuple[list, list]:
     """Per-client (x, y) splits of uniform [0, 1] inputs and uniform labels (timing does not
     depend on content)."""
     generator = torch.Generator().manual_seed(seed)
@@ -244,8 +258,9 @@ def random_clients(num_clients: int, train_size: int, test_size: int, sample_sha
     return train, test
 
 
-def w1_datamodule(num_clients: int = 30, train_size: int = 180, test_size: int = 45,
-                  batch_size: int = 128, seed: int = 0) -> FederatedDataModule:
+def w1_datamodule(
+    num_clients: int = 30, train_size: int = 180, test_size: int = 45, batch_size: int = 128, seed: int = 0
+) -> FederatedDataModule:
     """W1's data: FashionMNIST-shaped [1, 28, 28] random inputs, 10 classes, no global clients."""
     train, test = random_clients(num_clients, train_size, test_size, (1, 28, 28), seed=seed)
     return FederatedDataModule(train, test, num_classes=10, batch_size=batch_size)
@@ -256,8 +271,14 @@ def fmt_row(name: str, summary: dict[str, float], keys: Sequence[str] = ROUND_KE
 
 
 def header(keys: Sequence[str] = ROUND_KEYS, width: int = 10) -> str:
-    names = {"round": "s/round", "e_step": "e_step", "local_training": "train", "aggregation": "aggr",
-             "evaluation": "eval", "other": "other"}
+    names = {
+        "round": "s/round",
+        "e_step": "e_step",
+        "local_training": "train",
+        "aggregation": "aggr",
+        "evaluation": "eval",
+        "other": "other",
+    }
     return f"{'':<34}" + "".join(f"{names.get(k, k):>{width}}" for k in keys)
 
 

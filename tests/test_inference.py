@@ -25,8 +25,11 @@ def small_digits():
 
 def test_explicit_clustered_module_and_hard_prediction(small_digits):
     module = ClusteredModule(MLPClassifier(lr=0.2), num_clusters=2, seed=1)
-    trainer = make_trainer(FedRCStrategy(2, hard_prediction=True, clients_per_round=6, local_steps=2),
-                           max_epochs=2, limit_val_batches=0)
+    trainer = make_trainer(
+        FedRCStrategy(2, hard_prediction=True, clients_per_round=6, local_steps=2),
+        max_epochs=2,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=small_digits)
     assert trainer.lightning_module is module
     metrics = trainer.test(module, datamodule=small_digits, verbose=False)[0]
