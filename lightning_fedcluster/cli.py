@@ -157,6 +157,16 @@ class FedClusterCLI(LightningCLI):
     main job's model arguments (MLPClassifier's ``hidden``, ``lr`` = 0.2) are not carried into it.
     """
 
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser; the root's and the subcommands' share one ``family`` list, where
+        an unknown option's "did you mean" looks (``cli_errors.option_names``)."""
+        parser = super().init_parser(**kwargs)
+        if not hasattr(self, "parser_family"):
+            self.parser_family: list[LightningArgumentParser] = []
+        self.parser_family.append(parser)
+        parser.family = self.parser_family
+        return parser
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(MAIN_JOB_DEFAULTS)
         parser.add_argument("--figures", type=bool, default=True, help=FIGURES_HELP)

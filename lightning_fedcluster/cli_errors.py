@@ -71,6 +71,10 @@ class ConciseArgumentParser(LightningArgumentParser):
     """LightningArgumentParser whose errors are ``summarize``d (unless the full report is asked
     for, or the parser is a nested one whose errors jsonargparse catches)."""
 
+    # The parsers of one CLI (its root and its subcommands', ``FedClusterCLI.init_parser``): an
+    # unknown option's "did you mean" looks in all of them.
+    family: list[Any] | None = None
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or debug_requested():
             super().error(message, ex)
@@ -157,16 +161,16 @@ def unknown_options(given: str, parser: Any) -> str:
     return "; ".join(parts) or f"unrecognized arguments: {given}"
 
 
+OPTION = re.compile(r"(?<![\w-])(--[A-Za-z][\w.-]*)")
+
+
 def option_names(parser: Any) -> list[str]:
-    """Every --option of ``parser`` and of its subcommands' parsers."""
-    names: list[str] = []
-    pending = [parser] if parser is not None else []
-    while pending:
-        current = pending.pop()
-        names += [name for name in getattr(current, "_option_string_actions", {}) if name.startswith("--")]
-        for action in getattr(current, "_actions", []):
-            pending += list(getattr(action, "_name_parser_map", {}).values())
-    return names
+    """Every --option that ``parser``'s help, and its subcommands' (its ``family``), lists: read
+    from ``format_help()``, argparse's public view of a parser's options."""
+    if parser is None:
+        return []
+    family = getattr(parser, "family", None) or [parser]
+    return sorted({name for member in family for name in OPTION.findall(member.format_help())})
 
 
 def argument_names(class_path: str) -> list[str]:
