@@ -66,7 +66,10 @@ def profiled(function: Callable[[], Any], path: str | None) -> Any:
 
 
 def clock() -> float:
-    """The benchmark clock chosen with ``set_clock`` (wall by default)."""
+    """The benchmark clock chosen with ``set_clock`` (wall by default); once CUDA is in use it
+    waits for the GPU's queued work first, so a GPU round is timed to its end."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return _clock()
 
 
@@ -98,8 +101,9 @@ def machine_line() -> str:
     """Machine, versions, thread count and current load: printed with every table."""
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     clock_name = "CPU seconds of this process" if _clock is time.process_time else "wall seconds"
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (
-        f"machine: {cpu_model()} ({platform.machine()}), {os.cpu_count()} cores, load avg {load}; "
+        f"machine: {cpu_model()} ({platform.machine()}), {os.cpu_count()} cores{gpu}, load avg {load}; "
         f"python {platform.python_version()}, torch {torch.__version__}, lightning {pl.__version__}, "
         f"torch threads {torch.get_num_threads()}, matmul {gemm_gflops():.0f} GFLOP/s (wall); times in "
         f"{clock_name}"
@@ -123,6 +127,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def reset_peak_rss() -> None:
+    """Restart the kernel's peak-RSS counter (VmHWM) of this process, so that ``fit_peak_rss_mb``
+    measures one phase (Linux >= 4.0; elsewhere the process's peak so far stays)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def fit_peak_rss_mb() -> float:
+    """Peak RSS since ``reset_peak_rss`` (VmHWM), in MB; the process's peak where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return peak_rss_mb()
+
+
 def current_rss_mb() -> float:
     """Current resident set size, in MB (from /proc; 0 where unavailable)."""
     try:
@@ -132,13 +158,21 @@ def current_rss_mb() -> float:
         return 0.0
 
 
-def make_trainer(strategy: Any, rounds: int, *, validate: bool, callbacks: Sequence[pl.Callback] = (),
-                 **overrides: Any) -> pl.Trainer:
+def make_trainer(
+    strategy: Any, rounds: int, *, validate: bool, callbacks: Sequence[pl.Callback] = (), **overrides: Any
+) -> pl.Trainer:
     """A quiet CPU trainer: one epoch per round, validation every round when ``validate``."""
     options: dict[str, Any] = dict(
-        strategy=strategy, accelerator="cpu", devices=1, max_epochs=rounds, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, callbacks=list(callbacks),
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=rounds,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=list(callbacks),
     )
     if validate:
         options["check_val_every_n_epoch"] = 1
@@ -167,6 +201,34 @@ class RoundTimer(pl.Callback):
         self.rounds.append(row)
 
 
+class TrainValidateTimer(pl.Callback):
+    """Per epoch, the training time (the epoch less the validation Lightning runs inside it) and
+    each validation's time and metrics (``module.eval_metrics``, keyed by the rounds trained);
+    a sanity check counts as a validation after 0 rounds."""
+
+    def __init__(self) -> None:
+        self.train: list[float] = []
+        self.validate: list[float] = []
+        self.metrics: dict[int, dict[str, float]] = {}
+        self._inner = 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start, self._inner = clock(), 0.0
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._validation_start = clock()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        seconds = clock() - self._validation_start  # after the module's epoch end: its metrics are set
+        self.validate.append(seconds)
+        self._inner += seconds
+        rounds = 0 if trainer.sanity_checking else trainer.current_epoch + 1
+        self.metrics[rounds] = dict(getattr(pl_module, "eval_metrics", {}))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.train.append(clock() - self._start - self._inner)
+
+
 def summarise(rows: Sequence[dict[str, float]], warmup: int) -> dict[str, float]:
     """Median of every column over the rounds after ``warmup``; also the fastest round."""
     kept = list(rows[warmup:]) or list(rows)
@@ -176,8 +238,14 @@ def summarise(rows: Sequence[dict[str, float]], warmup: int) -> dict[str, float]
     return summary
 
 
-def random_clients(num_clients: int, train_size: int, test_size: int, sample_shape: Sequence[int],
-                   num_classes: int = 10, seed: int = 0) -> tuple[list, list]:
+def random_clients(
+    num_clients: int,
+    train_size: int,
+    test_size: int,
+    sample_shape: Sequence[int],
+    num_classes: int = 10,
+    seed: int = 0,
+) -> tuple[list, list]:
     """Per-client (x, y) splits of uniform [0, 1] inputs and uniform labels (timing does not
     depend on content)."""
     generator = torch.Generator().manual_seed(seed)
@@ -190,8 +258,9 @@ def random_clients(num_clients: int, train_size: int, test_size: int, sample_sha
     return train, test
 
 
-def w1_datamodule(num_clients: int = 30, train_size: int = 180, test_size: int = 45,
-                  batch_size: int = 128, seed: int = 0) -> FederatedDataModule:
+def w1_datamodule(
+    num_clients: int = 30, train_size: int = 180, test_size: int = 45, batch_size: int = 128, seed: int = 0
+) -> FederatedDataModule:
     """W1's data: FashionMNIST-shaped [1, 28, 28] random inputs, 10 classes, no global clients."""
     train, test = random_clients(num_clients, train_size, test_size, (1, 28, 28), seed=seed)
     return FederatedDataModule(train, test, num_classes=10, batch_size=batch_size)
@@ -202,8 +271,14 @@ def fmt_row(name: str, summary: dict[str, float], keys: Sequence[str] = ROUND_KE
 
 
 def header(keys: Sequence[str] = ROUND_KEYS, width: int = 10) -> str:
-    names = {"round": "s/round", "e_step": "e_step", "local_training": "train", "aggregation": "aggr",
-             "evaluation": "eval", "other": "other"}
+    names = {
+        "round": "s/round",
+        "e_step": "e_step",
+        "local_training": "train",
+        "aggregation": "aggr",
+        "evaluation": "eval",
+        "other": "other",
+    }
     return f"{'':<34}" + "".join(f"{names.get(k, k):>{width}}" for k in keys)
 
 

@@ -12,7 +12,9 @@ Beyond LightningCLI: ``--model mymodels.MyNet`` finds ``mymodels.py`` in the wor
 ``--data my_data.pt`` (or ``.npz``) builds the FedRC scenario from the file's (x, y) tensors
 (``TensorFileFederated``, flags ``--data.num_clients``, ``--data.image_shape=[1,8,8]``, ...);
 ``--figures=false`` draws no figures. A convolutional model given flat inputs fails before
-training with the option that gives it images (``engine/setup_checks.py``, on every path).
+training with the option that gives it images (``engine/setup_checks.py``, on every path). A bad
+argument, class name or ``--data`` file is reported in a line or two, the cause first
+(``cli_errors``); ``FEDCLUSTER_DEBUG=1`` shows the full report.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, RoundProgressBar
+from lightning_fedcluster.cli_errors import ConciseArgumentParser, debug_requested, exit_with, summarize
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.datamodules.datasets.tensor_file import TENSOR_FILE_SUFFIXES
 from lightning_fedcluster.strategies import check_strategy_name
@@ -154,6 +157,16 @@ class FedClusterCLI(LightningCLI):
     main job's model arguments (MLPClassifier's ``hidden``, ``lr`` = 0.2) are not carried into it.
     """
 
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser; the root's and the subcommands' share one ``family`` list, where
+        an unknown option's "did you mean" looks (``cli_errors.option_names``)."""
+        parser = super().init_parser(**kwargs)
+        if not hasattr(self, "parser_family"):
+            self.parser_family: list[LightningArgumentParser] = []
+        self.parser_family.append(parser)
+        parser.family = self.parser_family
+        return parser
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(MAIN_JOB_DEFAULTS)
         parser.add_argument("--figures", type=bool, default=True, help=FIGURES_HELP)
@@ -195,6 +208,17 @@ class FedClusterCLI(LightningCLI):
             if class_path is not None and class_path != MAIN_JOB_DEFAULTS[key]["class_path"]:
                 chosen[key] = class_path
         return chosen
+
+    def instantiate_classes(self) -> None:
+        """Build the configured classes; an error doing so (a bad --data file, a strategy name,
+        an argument the class refuses) is reported in a line or two with the library's own
+        message first (``cli_errors``), the traceback only with FEDCLUSTER_DEBUG=1."""
+        try:
+            super().instantiate_classes()
+        except Exception as error:
+            if debug_requested():
+                raise
+            exit_with(summarize(str(error)))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, with a DataSummary and a RoundProgressBar unless the configuration has its
@@ -249,6 +273,7 @@ def run_cli(args: ArgsType = None) -> FedClusterCLI:
         save_config_kwargs={"overwrite": True},
         # How --data takes a file, at the end of each subcommand's --help.
         parser_kwargs={name: {"epilog": f"--data: {DATA_HELP}"} for name in LightningCLI.subcommands()},
+        parser_class=ConciseArgumentParser,
     )
 
 

@@ -60,9 +60,9 @@ class NewClients:
     def adapt(self: TrainingHost, x: Tensor, y: Tensor) -> Tensor:
         """Mixture weights ω [K] of a client that took no part in training, from its labelled
         data (the algorithm's rule: iterated E-step, lowest loss, ...); the models are not changed."""
-        assert self.client_state is not None
+        state = self._trained_state("new_client / adapt")
         losses, _ = self.evaluate_clusters(x.to(self.device), y.to(self.device))
-        active = self.client_state.active.to(self.device)
+        active = state.active.to(self.device)
         return self.rule.unseen_client_mixture(losses, y.to(self.device), self.current_label_stats(), active)
 
     def new_client(self: TrainingHost, x: Tensor, y: Tensor) -> ClientPredictor:
@@ -72,7 +72,7 @@ class NewClients:
     def mixture_prior(self: TrainingHost) -> Tensor:
         """ω [K] of a client without labels: the participating clients' ω weighted by their
         training samples (``inference.mixture_prior``)."""
-        state = self._trained_state()
+        state = self._trained_state("mixture_prior")
         trainer = attached_trainer(self)
         datamodule = trainer.datamodule if trainer is not None else None
         if datamodule is None:
@@ -106,12 +106,12 @@ class NewClients:
         of a client without labels), or neither (every row from a client without labels: the
         mixture prior). A participating client predicts as the evaluation scores it: with its own
         ω, its personal model (FedSoft, D-FedEM), or models fine-tuned on its data (FedRC-FT)."""
+        state = self._trained_state("predict / predict_proba")
         x = x.to(self.device)
         if omega is not None:
             if client is not None:
                 raise ValueError("give predict_proba either omega or client, not both")
             return mixture_prediction(self, x, omega.to(self.device))
-        state = self._trained_state()
         ids = self._client_ids(UNSEEN if client is None else client, x.shape[0])
         table = self.omega_table()
         owner = torch.where(ids < 0, state.num_clients, ids).to(self.device)
@@ -138,15 +138,17 @@ class NewClients:
         return Task.of(self.task).predict(out)
 
     def current_label_stats(self: TrainingHost) -> Tensor | None:
-        assert self.client_state is not None
-        stats = label_statistics(self.rule, self.client_state)
+        stats = label_statistics(self.rule, self._trained_state("current_label_stats"))
         return None if stats is None else stats.to(self.device)
 
-    def _trained_state(self: TrainingHost) -> ClientState:
+    def _trained_state(self: TrainingHost, caller: str = "predict") -> ClientState:
+        """The client store; a RuntimeError naming ``caller`` and the fix before any fit."""
         if self.client_state is None:
             raise RuntimeError(
-                "the ClusteredModule has no client state yet: predict after trainer.fit (with the module fit "
-                "trained, trainer.lightning_module), or load a checkpoint with trainer.predict(ckpt_path=...)"
+                f"{caller} needs a trained ClusteredModule, and this one has not been fit yet (no client "
+                "state): call it after trainer.fit(module, datamodule=dm) on this module (or on "
+                "trainer.lightning_module), or load a checkpoint first, e.g. with "
+                "trainer.predict(module, datamodule=dm, ckpt_path=...)"
             )
         return self.client_state
 

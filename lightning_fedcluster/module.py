@@ -56,12 +56,14 @@ from lightning_fedcluster.engine.setup_checks import (
     check_output_shape,
     check_rule_on_model,
     check_training_setup,
+    input_shape_error,
     warn_before_fit,
 )
 from lightning_fedcluster.engine.step_count import count_steps
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
 from lightning_fedcluster.export import ClusterExport
+from lightning_fedcluster.metrics.undefined import warn_nan_metrics
 from lightning_fedcluster.prediction import PredictionHooks
 
 CHECKPOINT_KEY = CLIENT_STATE_KEY
@@ -291,8 +293,14 @@ class ClusteredModule(
         trainer = attached_trainer(self)
         if trainer is not None:
             precision = trainer.precision_plugin.forward_context()
-        with precision:
-            return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
+        try:
+            with precision:
+                return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
+        except RuntimeError as error:
+            explained = input_shape_error(type(self.models[0]).__name__, x, error)
+            if explained is error:
+                raise
+            raise explained from error
 
     def forward(self, x: Tensor) -> Tensor:
         """Outputs of every cluster model, shape [K, N, ...]."""
@@ -391,6 +399,7 @@ class ClusteredModule(
 
     def _log_round_metrics(self, metrics: dict[str, float]) -> None:
         self.round_metrics = metrics
+        warn_nan_metrics(metrics)
         for name, value in metrics.items():
             prog_bar = name in ("train/loss", "train/acc", "train/mse")
             options = dict(on_step=False, on_epoch=True, logger=False, batch_size=1, sync_dist=True)

@@ -25,8 +25,11 @@ def small_digits():
 
 def test_explicit_clustered_module_and_hard_prediction(small_digits):
     module = ClusteredModule(MLPClassifier(lr=0.2), num_clusters=2, seed=1)
-    trainer = make_trainer(FedRCStrategy(2, hard_prediction=True, clients_per_round=6, local_steps=2),
-                           max_epochs=2, limit_val_batches=0)
+    trainer = make_trainer(
+        FedRCStrategy(2, hard_prediction=True, clients_per_round=6, local_steps=2),
+        max_epochs=2,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=small_digits)
     assert trainer.lightning_module is module
     metrics = trainer.test(module, datamodule=small_digits, verbose=False)[0]
@@ -58,6 +61,9 @@ def test_new_client_predictor_for_every_soft_method(digits):
     probs = predictor.predict_proba(x)
     assert probs.shape == (len(y), 10) and torch.allclose(probs.sum(1), torch.ones(len(y), dtype=probs.dtype))
     assert torch.equal(predictor.predict(x), probs.argmax(1))
+    # Inputs of another shape than the training data's: the fix, not torch's matrix shapes.
+    with pytest.raises(ValueError, match=r"takes 64 features per sample but gets 8 .*Give inputs shaped"):
+        module.new_client(x[:, :8], y)
     assert all(torch.equal(a, b) for a, b in zip(before, cluster_weights(module), strict=True))
 
 
@@ -73,3 +79,20 @@ def test_mixture_prior_by_hand():
         omega, sizes, torch.zeros(3, dtype=torch.bool), torch.tensor([True, False, True])
     )
     torch.testing.assert_close(none_seen, torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("call", "caller"),
+    [
+        (lambda m, x, y: m.new_client(x, y), "new_client / adapt"),
+        (lambda m, x, y: m.adapt(x, y), "new_client / adapt"),
+        (lambda m, x, y: m.predict(x, torch.full((3,), 1 / 3)), "predict / predict_proba"),
+        (lambda m, x, y: m.predict_proba(x), "predict / predict_proba"),
+    ],
+)
+def test_inference_before_any_fit_says_to_fit_first(call, caller):
+    """These ended in a bare AssertionError (new_client, adapt) or 'not attached to a Trainer'."""
+    module = ClusteredModule(MLPClassifier(), 3)
+    x, y = torch.rand(5, 64), torch.randint(0, 10, (5,))
+    with pytest.raises(RuntimeError, match=rf"{caller} needs a trained ClusteredModule.*trainer.fit\(module"):
+        call(module, x, y)

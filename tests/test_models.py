@@ -59,6 +59,23 @@ def test_reference_classifiers_take_the_authors_solver_settings():
             FashionCNN(**bad)
 
 
+def test_fashion_cnn_widths_default_to_the_papers_and_shrink_for_the_cpu_recipe():
+    from lightning_fedcluster.models import FashionCNN
+
+    def count(model) -> int:
+        return sum(p.numel() for p in model.parameters())
+
+    paper = FashionCNN()
+    assert count(paper) == 2_171_786  # conv 32, conv 64, fc 2048 at 28x28: the papers' network
+    assert [paper.features[0].out_channels, paper.features[3].out_channels] == [32, 64]
+    small = FashionCNN(channels=(16, 32), hidden=128)
+    assert count(small) == 80_202 and small(torch.rand(3, 1, 28, 28)).shape == (3, 10)
+    assert small.features[3].weight.is_contiguous(memory_format=torch.channels_last)
+    for bad in (dict(channels=(16,)), dict(channels=(0, 8)), dict(hidden=0)):
+        with pytest.raises(ValueError, match="FashionCNN needs .*two channel counts"):
+            FashionCNN(**bad)
+
+
 @pytest.fixture(scope="module")
 def fashion_files(tmp_path_factory):
     pytest.importorskip("torchvision", reason=NEEDS_VISION)

@@ -223,8 +223,8 @@ def test_an_early_cnn_run_fits_a_new_clients_mixture_in_few_iterations():
     """Two rounds into a CNN run the K models' losses are nearly equal: the likelihood of ω is
     flat and its optimum near one-hot, where SQUAREM on ω overshot, fell back to plain E-steps and
     took 4,023 of its 5,000 iterations on this client (the cap on others). On log ω it converges
-    in a few dozen, to a certified optimum."""
-    from lightning_fedcluster.algorithms.mixture import fit_mixture, likelihood_gap
+    in a few dozen, to a certified optimum or within the flat tolerance of it."""
+    from lightning_fedcluster.algorithms.mixture import FLAT_TOLERANCE, fit_mixture, likelihood_gap
 
     dm = DigitsFederated(num_clients=10, seed=0)
     trainer = make_trainer(lf.FedRCStrategy(5, local_steps=5), max_epochs=2, limit_val_batches=0)
@@ -238,7 +238,8 @@ def test_an_early_cnn_run_fits_a_new_clients_mixture_in_few_iterations():
     fit = fit_mixture(losses, y, stats)
     assert fit.iterations <= 100, fit.iterations
     scores = -losses.double() - stats.double()[y]
-    assert likelihood_gap(scores, fit.omega) <= 1e-12  # within 1e-12 of the maximum likelihood
+    gap = likelihood_gap(scores, fit.omega)  # below the maximum mean log-likelihood by at most this
+    assert gap <= 1e-12 or y.numel() * gap <= FLAT_TOLERANCE
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no "did not converge"
         omega = module.new_client(x, y).omega

@@ -19,6 +19,11 @@ LABEL_STATS_FLOOR = 1e-8
 REVIVE_BELOW = 1e-6  # unseen-client ω: a vanished weight that would grow restarts here
 # Unseen-client ω: converged when its mean log-likelihood per sample is this close to the maximum.
 GAP_TOLERANCE = 1e-12
+# Unseen-client ω on a flat likelihood: stop once the client's total log-likelihood is certified
+# within this many nats of the maximum (a likelihood ratio of 1.01 at most, far below what N
+# samples resolve) and the certificate no longer falls tenfold in FLAT_WINDOW iterations.
+FLAT_TOLERANCE = 1e-2
+FLAT_WINDOW = 20
 
 
 def responsibilities(
@@ -128,6 +133,7 @@ def iterate_mixture(
     max_iterations: int = 5000,
     tolerance: float = 1e-8,
     gap_tolerance: float = GAP_TOLERANCE,
+    flat_tolerance: float = FLAT_TOLERANCE,
     accelerate: bool = True,
 ) -> Tensor:
     """Mixture weights of a client that took no part in training: the fixed point of the E-step
@@ -140,8 +146,25 @@ def iterate_mixture(
         max_iterations=max_iterations,
         tolerance=tolerance,
         gap_tolerance=gap_tolerance,
+        flat_tolerance=flat_tolerance,
         accelerate=accelerate,
     ).omega
+
+
+class _MixtureLikelihood:
+    """L(ω) = Σ_j log Σ_k ω_k e^{s_jk} of fixed scores s [N, K], its E-step map F(ω) and the
+    certificate ``likelihood_gap``, all three from one pass over the scores per ω."""
+
+    def __init__(self, scores: Tensor) -> None:
+        self.scores = scores
+
+    def __call__(self, omega: Tensor) -> tuple[Tensor, float, float]:
+        """(F(ω), L(ω), gap(ω)): F_k = ω_k g_k with g_k = mean_j e^{s_jk} / Σ_l ω_l e^{s_jl}."""
+        log_omega = omega.clamp_min(0).log()
+        log_mix = torch.logsumexp(self.scores + log_omega, dim=1, keepdim=True)
+        gradient = (self.scores - log_mix).exp().mean(0)
+        mapped = (self.scores + log_omega - log_mix).exp().mean(0)
+        return mapped, float(log_mix.sum()), max(float(gradient.max()) - 1.0, 0.0)
 
 
 def fit_mixture(
@@ -152,72 +175,89 @@ def fit_mixture(
     max_iterations: int = 5000,
     tolerance: float = 1e-8,
     gap_tolerance: float = GAP_TOLERANCE,
+    flat_tolerance: float = FLAT_TOLERANCE,
     accelerate: bool = True,
 ) -> MixtureFit:
-    """``iterate_mixture`` with its iteration count and optimality gap. Stops when the mean
-    log-likelihood per sample of ω is certified within ``gap_tolerance`` of the maximum
-    (``likelihood_gap``), not when ω stops changing: where the K models' losses are nearly equal
-    (early in training) the likelihood is nearly flat, and ω keeps moving (slowly, or back and
-    forth along a flat direction) by more than any fixed tolerance while the data no longer
-    tell its values apart. A step smaller than ``tolerance`` short of the optimum is a stall:
-    vanished weights that would grow are revived.
+    """``iterate_mixture`` with its iteration count and optimality gap.
 
-    Plain iteration converges only linearly near a one-hot optimum (thousands of steps). With
-    ``accelerate`` each step is SQUAREM's (Varadhan & Roland 2008, scheme S3) on log ω: an
-    extrapolation from two E-steps, then one E-step. Near a vertex each vanishing weight decays
-    geometrically at its own rate, a straight line in log ω that one step length follows for all
-    of them (on ω itself, the step length fitted to the slowest weight made the fast ones bounce
-    back up, the step was refused and the iteration fell back to plain E-steps: the cap was
-    hit). A step that lowers the likelihood is shortened towards the plain double E-step, which
-    never does, so the likelihood never decreases. Hitting the cap is reported with a warning,
-    never silently.
+    Stops when the mean log-likelihood per sample of ω is certified within ``gap_tolerance`` of
+    the maximum (``likelihood_gap``), not when ω stops changing: where the K models' losses are
+    nearly equal (early in training) the likelihood is nearly flat, and ω keeps moving (slowly,
+    or back and forth along a flat direction) by more than any fixed tolerance while the data no
+    longer tell its values apart.
+
+    A flat likelihood stops earlier: once the client's total log-likelihood (N times the mean) is
+    certified within ``flat_tolerance`` nats of its maximum and the certificate has stopped
+    falling fast (not tenfold over the last ``FLAT_WINDOW`` iterations), the data cannot tell the
+    remaining candidates apart (a likelihood ratio of at most e^flat_tolerance), and the E-step
+    would only crawl towards one of them: where two models' losses are near-collinear the
+    optimum is a flat ridge, and the certificate fell sublinearly for thousands of iterations.
+    If the uniform start is already within ``flat_tolerance`` nats, ω cannot move and stays
+    uniform (0 iterations). Where the clusters differ the certificate falls geometrically and
+    the iteration goes on to ``gap_tolerance``, as before.
+
+    A step smaller than ``tolerance`` short of the optimum is a stall: vanished weights that
+    would grow are revived. Plain iteration converges only linearly near a one-hot optimum
+    (thousands of steps). With ``accelerate`` each step is SQUAREM's (Varadhan & Roland 2008,
+    scheme S3) on log ω: an extrapolation from two E-steps, then one E-step. Near a vertex each
+    vanishing weight decays geometrically at its own rate, a straight line in log ω that one step
+    length follows for all of them (on ω itself, the step length fitted to the slowest weight
+    made the fast ones bounce back up, the step was refused and the iteration fell back to plain
+    E-steps: the cap was hit). A step that lowers the likelihood is shortened towards the plain
+    double E-step, which never does, so the likelihood never decreases. Hitting the cap is
+    reported with a warning, never silently.
     """
     k = losses.shape[1]
     scores = -losses.to(torch.float64)
     if log_label_stats is not None:
         scores = scores - log_label_stats.to(scores)[labels]
     tiny = torch.finfo(scores.dtype).tiny
-
-    def step(omega: Tensor) -> Tensor:
-        log_gamma = torch.log_softmax(scores + omega.clamp_min(0).log(), dim=1)
-        return log_gamma.exp().mean(0)
-
-    def likelihood(omega: Tensor) -> float:
-        return float(torch.logsumexp(scores + omega.clamp_min(0).log(), dim=1).sum())
+    evaluate = _MixtureLikelihood(scores)
+    flat_gap = flat_tolerance / max(scores.shape[0], 1)  # the same bound per sample
 
     omega = torch.full((k,), 1.0 / k, dtype=scores.dtype, device=scores.device)
-    change = gap = math.inf
+    first, _, gap = evaluate(omega)
+    if gap <= max(gap_tolerance, flat_gap):
+        return MixtureFit(omega, 0, gap)
+    change = math.inf
+    best_gaps = [gap]  # the lowest certificate so far, after each iteration
     for iteration in range(1, max_iterations + 1):
-        first = step(omega)
         if not accelerate:
             change, omega = float((first - omega).abs().max()), first
+            first, _, gap = evaluate(omega)
         else:
-            second = step(first)
+            second = evaluate(first)[0]
             u0, u1, u2 = (w.clamp_min(tiny).log() for w in (omega, first, second))
             r, v = u1 - u0, u2 - 2 * u1 + u0
             norm_v = float(v.norm())
             alpha = min(-float(r.norm()) / norm_v if norm_v > 0 else -1.0, -1.0)  # -1: the double E-step
-            floor = likelihood(second)
+            floor = evaluate(second)[1]
             while True:
                 # Each weight falls at most tenfold per step: the E-step keeps a zero weight at zero
                 # forever, so a jump must not cut a cluster off.
                 jump = torch.maximum(u0 - 2 * alpha * r + alpha * alpha * v, u0 - math.log(10.0))
-                candidate = step(torch.softmax(jump, dim=0))
-                if alpha == -1.0 or likelihood(candidate) >= floor:
+                candidate = evaluate(torch.softmax(jump, dim=0))[0]
+                mapped, value, candidate_gap = evaluate(candidate)
+                if alpha == -1.0 or value >= floor:
                     break
                 alpha = (alpha - 1.0) / 2 if alpha < -2.0 else -1.0
-            change, omega = float((candidate - omega).abs().max()), candidate
-        gap = likelihood_gap(scores, omega)
+            change = float((candidate - omega).abs().max())
+            omega, first, gap = candidate, mapped, candidate_gap
         if gap <= gap_tolerance:
+            return MixtureFit(omega, iteration, gap)
+        best_gaps.append(min(gap, best_gaps[-1]))
+        stalled = iteration >= FLAT_WINDOW and best_gaps[-1] > 0.1 * best_gaps[-1 - FLAT_WINDOW]
+        if gap <= flat_gap and stalled:
             return MixtureFit(omega, iteration, gap)
         if change < tolerance:
             # Stalled short of the optimum: a weight that vanished (the E-step keeps a zero at zero)
             # but would grow (KKT: mean_j p_jk / p_j <= 1 at the optimum) is revived.
-            growth = step(omega) / omega.clamp_min(tiny)
+            growth = first / omega.clamp_min(tiny)
             revive = (growth > 1 + gap_tolerance) & (omega < REVIVE_BELOW)
             if bool(revive.any()):
                 omega = torch.where(revive, torch.full_like(omega, REVIVE_BELOW), omega)
                 omega = omega / omega.sum()
+                first, _, gap = evaluate(omega)
     warnings.warn(
         f"the E-step for an unseen client did not converge in {max_iterations} iterations (last change "
         f"{change:.2e}, tolerance {tolerance:.0e}; likelihood gap {gap:.2e}, tolerance "
@@ -232,8 +272,7 @@ def likelihood_gap(scores: Tensor, omega: Tensor) -> float:
     """A bound on max_ω' L(ω') − L(ω), L the mean log-likelihood per sample Σ_j log Σ_k ω_k e^{s_jk} / N
     (``scores`` s [N, K]): L is concave with gradient g_k = mean_j e^{s_jk} / Σ_l ω_l e^{s_jl} and
     Σ_k ω_k g_k = 1, so L(ω') ≤ L(ω) + g·(ω' − ω) ≤ L(ω) + max_k g_k − 1 on the simplex."""
-    log_mix = torch.logsumexp(scores + omega.clamp_min(0).log(), dim=1, keepdim=True)
-    return max(float((scores - log_mix).exp().mean(0).max()) - 1.0, 0.0)
+    return _MixtureLikelihood(scores)(omega)[2]
 
 
 def mixture_probabilities(probs: Tensor, omega: Tensor) -> Tensor:

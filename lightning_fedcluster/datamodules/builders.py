@@ -11,7 +11,11 @@ from typing import Any, Generic, TypeVar
 from torch import Tensor
 
 from lightning_fedcluster.datamodules.clients import build_clients
-from lightning_fedcluster.datamodules.scenario import build_scenario, rows_as_images
+from lightning_fedcluster.datamodules.scenario import (
+    build_scenario,
+    preset_evaluation_fractions,
+    rows_as_images,
+)
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 Built = TypeVar("Built")
@@ -39,7 +43,7 @@ class ScenarioBuilders(Generic[Built]):
         dirichlet_alpha: float | None = 1.0,
         corrupt_fraction: float | Sequence[float] | None = None,
         concept_proportions: Sequence[float] | None = None,
-        test_fraction: float = 0.2,
+        test_fraction: float | None = None,
         global_test_fraction: float | None = None,
         min_client_size: int = 2,
         num_classes: int | None = None,
@@ -49,7 +53,7 @@ class ScenarioBuilders(Generic[Built]):
         global_test: tuple[Tensor, Tensor] | None = None,
         corruptions: Sequence[str] | None = None,
         val_share: float = 0.5,
-        adapt_fraction: float = 0.4,
+        adapt_fraction: float | None = None,
         preset: str | None = None,
     ) -> Built:
         """Build the FedRC scenario from labelled tensors; see `build_scenario` for the steps
@@ -57,12 +61,14 @@ class ScenarioBuilders(Generic[Built]):
 
         Each client's `test_fraction` of held-out rows is then split into validation
         (`val_share`) and test, and every global client into validation/test x adapt/score
-        (`adapt_fraction`), drawn from `seed` (see the class docstring).
+        (`adapt_fraction`), drawn from `seed` (see the class docstring). Left unset they are 0.2
+        and 0.4, or the authors' 0.1 and 0.9 under `preset="authors"`, as in the vision datamodules.
 
         `image_shape=(C, H, W)` serves flat rows [N, C*H*W] as images [N, C, H, W] (for
         convolutional models; ``fedcluster fit --data FILE --data.image_shape=[C,H,W]`` does the
         same), and is the shape the corruptions see."""
         check_batch_size(batch_size)
+        test_fraction, adapt_fraction = preset_evaluation_fractions(preset, test_fraction, adapt_fraction)
         if global_test is not None and isinstance(global_test, (tuple, list)) and len(global_test) == 2:
             global_test = (rows_as_images(global_test[0], image_shape), global_test[1])
         arguments = build_scenario(

@@ -48,7 +48,7 @@ def build_scenario(
     dirichlet_alpha: float | None = 1.0,
     corrupt_fraction: float | Sequence[float] | None = None,
     concept_proportions: Sequence[float] | None = None,
-    test_fraction: float = 0.2,
+    test_fraction: float | None = None,
     global_test_fraction: float | None = None,
     min_client_size: int = 2,
     num_classes: int | None = None,
@@ -80,10 +80,10 @@ def build_scenario(
     Its default pool is the authors' (`shifts.AUTHORS_FASHION_MNIST_C` for one channel, else
     `shifts.AUTHORS_CIFAR10_C`).
     Returns a dict with client_train, client_test, global_test, num_classes and metadata.
-    `client_test[i]` holds client i's `test_fraction` of held-out rows; the datamodule built from
-    the dict splits them into validation and test and each global client into validation/test x
-    adapt/score (`FederatedDataModule`'s val_share, adapt_fraction and seed: pass this seed there
-    too, as `from_tensors` does).
+    `client_test[i]` holds client i's `test_fraction` of held-out rows (default 0.2, 0.1 under
+    `preset="authors"`); the datamodule built from the dict splits them into validation and test
+    and each global client into validation/test x adapt/score (`FederatedDataModule`'s val_share,
+    adapt_fraction and seed: pass this seed there too, as `from_tensors` does).
     """
     x, y = _check_tensors(x, y)
     if global_test is not None:
@@ -119,7 +119,7 @@ def build_scenario(
         raise ValueError(
             f"dirichlet_alpha must be a positive number (or None for an IID split), got {dirichlet_alpha!r}"
         )
-    test_fraction = fraction_arg("test_fraction", test_fraction)
+    test_fraction = fraction_arg("test_fraction", preset_evaluation_fractions(preset, test_fraction, None)[0])
     global_test_fraction = fraction_arg("global_test_fraction", global_test_fraction)
     min_client_size = int_arg("min_client_size", min_client_size, 1)
     seed = int_arg("seed", seed, 0)
@@ -236,6 +236,17 @@ def build_scenario(
 
 # ---------------------------------------------------------------------------------------------
 # Argument checks of build_scenario.
+
+
+def preset_evaluation_fractions(
+    preset: str | None, test_fraction: float | None, adapt_fraction: float | None
+) -> tuple[float, float]:
+    """test_fraction and adapt_fraction left as None: the authors' 0.1 and 0.9 under
+    preset="authors" (their loader splits every client, global ones too, 90 / 10), else 0.2 and 0.4."""
+    authors = preset == "authors"
+    test = (0.1 if authors else 0.2) if test_fraction is None else test_fraction
+    adapt = (0.9 if authors else 0.4) if adapt_fraction is None else adapt_fraction
+    return test, adapt
 
 
 def _preset_arg(

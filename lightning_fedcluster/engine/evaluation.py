@@ -13,6 +13,7 @@ are scored client by client.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
@@ -26,6 +27,7 @@ from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.metrics.clustering import concept_ari
+from lightning_fedcluster.metrics.undefined import NOT_FINITE, warn_nan_metrics
 
 
 def score(prediction: Tensor, y: Tensor, task: str) -> Tensor:
@@ -81,6 +83,7 @@ class Evaluation:
     def __init__(self, module: TrainingHost, stage: str) -> None:
         dm = module.trainer.datamodule
         self.stage = stage
+        self.undefined: dict[str, str] = {}  # why each metric would be NaN (set by ``metrics``)
         self.sums = torch.zeros(2 + 2 * dm.num_global_clients, dtype=torch.float64, device=module.device)
         self.log_label_stats = module.current_label_stats()
         self.snapshot = module.copies.snapshot()
@@ -120,18 +123,25 @@ class Evaluation:
         return mixture_prediction(module, x, module.client_state.omega[clients], owner)
 
     def global_client(self, module: TrainingHost, index: int) -> None:
-        """An unseen client: ω from its adapt rows by the rule, then scored on its other rows."""
+        """An unseen client: ω from its adapt rows by the rule, then scored on its other rows (none:
+        nothing is scored, and its metric is undefined)."""
+        if not self.client_rows("global_score", index)[0].shape[0]:
+            return
         _, prediction = self.global_prediction(module, index)
         self.add(2 + 2 * index, prediction, self.client_rows("global_score", index)[1], module.task)
 
     def global_prediction(self, module: TrainingHost, index: int) -> tuple[Tensor, Tensor]:
         """An unseen client's ω [K], fitted by the rule on its adapt rows, and its predictions on
-        its score rows."""
+        its score rows. A client with no adapt rows (one row in this stage: it is scored) adapts
+        on nothing: it gets the mixture prior, as a client without labels does."""
         assert module.client_state is not None
         x, y = self.client_rows("global_adapt", index)
-        losses, _ = module.evaluate_clusters(x, y)
-        active = module.client_state.active.to(module.device)
-        omega = module.rule.unseen_client_mixture(losses, y, self.log_label_stats, active)
+        if x.shape[0]:
+            losses, _ = module.evaluate_clusters(x, y)
+            active = module.client_state.active.to(module.device)
+            omega = module.rule.unseen_client_mixture(losses, y, self.log_label_stats, active)
+        else:
+            omega = module.mixture_prior()
         x, _ = self.client_rows("global_score", index)
         return omega, mixture_prediction(module, x, omega)
 
@@ -140,21 +150,72 @@ class Evaluation:
         self.sums[slot + 1] += float(y.shape[0])
 
     def metrics(self, module: TrainingHost, stage: str) -> dict[str, float]:
-        """Sum over processes and turn the sums into the stage's metrics."""
+        """Sum over processes and turn the sums into the stage's metrics: local, the mean over the
+        global clients, and the mean over each true concept's global clients. A metric with
+        nothing to score is NaN, never a made-up 0 (a global client without score rows is left
+        out of the means); ``undefined`` says why each NaN is one."""
         assert module.client_state is not None
         sums = module.reduce_sum(self.sums).cpu()
         dm = module.trainer.datamodule
         metric = Task.of(module.task).metric
-        per_global = (sums[2::2] / sums[3::2].clamp_min(1)).tolist()
+        counts = sums[1::2]
+        values = (sums[0::2] / counts).tolist()  # NaN where nothing was scored (0 / 0)
+        concepts = dm.metadata.global_concept.tolist()
+        scored = [g for g in range(len(concepts)) if counts[g + 1] > 0]
         state = module.client_state
         metrics = {
-            f"{stage}/local_{metric}": float(sums[0] / sums[1].clamp_min(1)),
-            f"{stage}/global_{metric}": sum(per_global) / len(per_global) if per_global else math.nan,
+            f"{stage}/local_{metric}": values[0],
+            f"{stage}/global_{metric}": _mean(values[g + 1] for g in scored),
             f"{stage}/concept_ari": concept_ari(state.omega, dm.metadata.concept, state.seen),
         }
-        for g, value in enumerate(per_global):
-            metrics[f"{stage}/global_{metric}_concept{int(dm.metadata.global_concept[g])}"] = value
+        for concept in sorted(set(concepts)):
+            members = [g for g in scored if concepts[g] == concept]
+            metrics[f"{stage}/global_{metric}_concept{concept}"] = _mean(values[g + 1] for g in members)
+        seen_concepts = int(dm.metadata.concept.cpu()[state.seen.cpu()].unique().numel())
+        self.undefined = undefined_causes(
+            stage, metric, counts, int(state.seen.sum()), seen_concepts, concepts
+        )
         return metrics
+
+
+def _mean(values: Iterable[float]) -> float:
+    listed = list(values)
+    return sum(listed) / len(listed) if listed else math.nan
+
+
+def undefined_causes(
+    stage: str, metric: str, counts: Tensor, seen: int, seen_concepts: int, concepts: list[int]
+) -> dict[str, str]:
+    """Why each of the stage's metrics would be NaN, keyed by metric name: ``counts`` [1 + G] are
+    the rows scored (participating clients, then each global client), ``seen`` the clients that
+    took part in training and ``seen_concepts`` their distinct true concepts, ``concepts`` [G] the
+    global clients' true concepts."""
+    split = "validation" if stage == "val" else "test"
+    if seen < 2:
+        ari = (
+            f"it needs at least two clients that took part in training, {seen} did (from the first round on)"
+        )
+    elif seen_concepts < 2:
+        ari = "the clients that took part all have one true concept: no grouping to recover (concepts=1)"
+    else:
+        ari = NOT_FINITE
+    causes = {
+        f"{stage}/local_{metric}": f"no participating client has {split} rows (raise test_fraction, or "
+        "give the clients held-out rows)",
+        f"{stage}/concept_ari": ari,
+        f"{stage}/global_{metric}": "the datamodule has no global (unseen) test clients (give global_test)"
+        if not concepts
+        else f"no global client has {split} rows to score (give each at least 2 rows)",
+    }
+    for concept in sorted(set(concepts)):
+        empty = [g for g, c in enumerate(concepts) if c == concept and counts[g + 1] == 0]
+        if empty:
+            causes[f"{stage}/global_{metric}_concept{concept}"] = (
+                f"global client(s) {empty} have no {split} rows to score (a global client's rows are "
+                "split into validation and test, each into adapt and score rows; with the default "
+                "shares 2 rows are scored in both, 4 adapt and score in both)"
+            )
+    return causes
 
 
 class EvaluationHooks:
@@ -191,6 +252,8 @@ class EvaluationHooks:
     def _finish_evaluation(self: TrainingHost, stage: str) -> None:
         assert self._evaluation is not None
         metrics = self._evaluation.metrics(self, stage)
+        if not self.trainer.sanity_checking:  # the sanity check's metrics are not logged
+            warn_nan_metrics(metrics, self._evaluation.undefined)
         self._evaluation = None
         self.eval_metrics = metrics
         metric = Task.of(self.task).metric

@@ -4,6 +4,7 @@ and the divergence warning during training."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
@@ -74,7 +75,10 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
                 f"{name} has 2-D convolutions but {type(datamodule).__name__} serves flat inputs "
                 f"{tuple(x.shape)}: {FLAT_DATA_FIX}"
             ) from error
-        raise
+        explained = input_shape_error(name, x, error, "the datamodule's")
+        if explained is error:
+            raise
+        raise explained from error
     finally:
         model.train(was_training)
     try:
@@ -117,6 +121,47 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
             "the logits (drop the final softmax), or pass logits_from= to select the logits from the "
             "output, or define per_sample_loss(batch) for probabilities"
         )
+
+
+# RuntimeError messages of torch that mean "the model was built for inputs of another shape".
+SHAPE_MISMATCHES = (
+    re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)"),
+    re.compile(r"is invalid for input of size"),
+    re.compile(r"[Ee]xpected .*input"),
+    re.compile(r"must match the size of tensor"),
+    re.compile(r"size mismatch"),
+)
+
+
+def input_shape_error(name: str, x: Tensor, error: Exception, whose: str | None = None) -> Exception:
+    """A ValueError explaining torch's shape-mismatch ``error`` from ``name``.forward on ``x``, with
+    the fix: for the datamodule's inputs (``whose``) build the model for them, for inputs given
+    to a built module give them the model's shape. Any other error comes back unchanged."""
+    message = str(error).split("\n")[0]
+    matched = [pattern.search(message) for pattern in SHAPE_MISMATCHES]
+    if not isinstance(error, RuntimeError) or not any(matched) or isinstance(error, torch.OutOfMemoryError):
+        return error
+    sample = tuple(x.shape[1:])
+    linear = matched[0]
+    if linear is not None:
+        got, wanted = int(linear.group(2)), int(linear.group(3))
+        detail = (
+            f"a linear layer of {name} takes {wanted} features per sample but gets {got} (each sample "
+            f"has shape {sample}, {math.prod(sample)} values)"
+        )
+    else:
+        detail = f"{name} was built for inputs of another shape than {sample} per sample"
+    if whose is None:
+        fix = "Give inputs shaped like the samples the module was trained on"
+    else:
+        fix = (
+            f"Build the model for samples of shape {sample} (e.g. its input size), or give inputs of the "
+            "shape it was built for (flat images: reshape them to that size)"
+        )
+    return ValueError(
+        f"{name}.forward cannot take {whose or 'the'} inputs of shape {tuple(x.shape)}: {detail}. {fix}. "
+        f"torch said: {message}"
+    )
 
 
 def unused_low_labels(datamodule: Any) -> int:

@@ -54,7 +54,9 @@ from lightning_fedcluster.flower.nodes import (
 from lightning_fedcluster.flower.plan import check_supported, round_hyperparameters, server_schedulers
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
 from lightning_fedcluster.flower.server_state import resume_from, save_checkpoint
+from lightning_fedcluster.metrics.undefined import warn_nan_metrics
 
+NO_NODE_ROWS = "no node that answered has validation rows (or none answered: see the warnings above)"
 log = logging.getLogger("lightning_fedcluster.flower")
 
 
@@ -173,6 +175,7 @@ class FlowerServer:
                 (round_index + 1) % self.eval_every == 0 or round_index + 1 == self.num_rounds
             ):
                 metrics.update(self.evaluate(grid, federation, state))
+            warn_nan_metrics(metrics, {f"val/local_{Task.of(federation.task).metric}": NO_NODE_ROWS})
             self.metrics.append(metrics)
             self.round_seconds.append(time.perf_counter() - started)
             module.round_metrics, module.rounds_trained = metrics, round_index + 1

@@ -78,3 +78,27 @@ def test_image_shape_serves_flat_rows_as_images_and_a_cnn_on_flat_rows_stops_bef
     kept = [p for p in module.parameters() if not isinstance(p, lazy)]
     assert all(torch.equal(a, b) for a, b in zip(weights, kept, strict=True))
     make_trainer(FedAvgStrategy(clients_per_round=2, local_steps=1), 1).fit(RawCNN(), datamodule=images)
+
+
+def test_from_tensors_under_the_authors_preset_takes_their_evaluation_split(digits) -> None:
+    """docs/data-sets.md: the preset's client test share is 0.1 and a global client adapts on 0.9
+    of its rows, as in the vision datamodules; from_tensors kept 0.2 and 0.4."""
+    x, y = digits
+    common = dict(num_clients=25, concepts=3, image_shape=(1, 8, 8), seed=0)
+    authors = FederatedDataModule.from_tensors(x, y, preset="authors", **common)
+    assert authors.adapt_fraction == 0.9
+    held_out = (authors.val_sizes + authors.test_sizes).sum() / (
+        authors.train_sizes + authors.val_sizes + authors.test_sizes
+    ).sum()
+    assert float(held_out) == pytest.approx(0.1, abs=0.01)
+    paper = FederatedDataModule.from_tensors(x, y, **common)
+    assert paper.adapt_fraction == 0.4
+    assert float(
+        (paper.val_sizes + paper.test_sizes).sum()
+        / (paper.train_sizes + paper.val_sizes + paper.test_sizes).sum()
+    ) == pytest.approx(0.2, abs=0.01)
+    # Given explicitly, they win over the preset.
+    given = FederatedDataModule.from_tensors(
+        x, y, preset="authors", test_fraction=0.3, adapt_fraction=0.5, **common
+    )
+    assert given.adapt_fraction == 0.5

@@ -3,11 +3,13 @@ its adapt rows and scored on the others."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.datamodules import ClientMetadata, DigitsFederated
 from lightning_fedcluster.engine import evaluation
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
@@ -90,3 +92,62 @@ def test_validate_returns_the_metrics_it_logs_and_a_fit_logs_them_once():
     assert results["step"] == 1.0, "logged at the rounds trained, as the test scores"
     for name, value in module.eval_metrics.items():
         assert results[name] == pytest.approx(value, abs=1e-6), name
+
+
+def _rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 64, generator=generator), torch.randint(0, 10, (n,), generator=generator)
+
+
+def _tested(dm: lf.FederatedDataModule) -> dict[str, float]:
+    trainer = make_trainer(lf.FedRCStrategy(2, local_steps=1), max_epochs=1, limit_val_batches=0)
+    module = lf.ClusteredModule(MLPClassifier(), 2)
+    trainer.fit(module, datamodule=dm)
+    return trainer.test(module, datamodule=dm, verbose=False)[0]
+
+
+def test_no_global_clients_give_a_nan_global_accuracy_with_a_warning_naming_the_cause():
+    dm = lf.FederatedDataModule(
+        [_rows(20, i) for i in range(4)], [_rows(6, 10 + i) for i in range(4)], [], num_classes=10
+    )
+    with pytest.warns(
+        UserWarning, match=r"test/global_acc: the datamodule has no global \(unseen\) test clients"
+    ):
+        metrics = _tested(dm)
+    assert math.isnan(metrics["test/global_acc"])
+    assert not math.isnan(metrics["test/local_acc"])
+
+
+def test_clients_without_test_rows_give_nan_not_zero_local_accuracy_with_a_warning():
+    dm = lf.FederatedDataModule(
+        [_rows(20, i) for i in range(4)],
+        [_rows(0, 10 + i) for i in range(4)],
+        [_rows(30, 20)],
+        num_classes=10,
+    )
+    with pytest.warns(UserWarning, match="test/local_acc: no participating client has test rows"):
+        metrics = _tested(dm)
+    assert math.isnan(metrics["test/local_acc"])  # was 0.0: an accuracy over no rows at all
+
+
+def test_a_global_client_with_one_row_is_scored_on_the_prior_and_one_without_test_rows_is_named():
+    """One row: it goes to test (validation takes floor(0.5 * 1) = 0) and is scored, adapting on
+    nothing (the mixture prior); this crashed in the E-step of zero rows. The validation pass has
+    no row of it to score: its metric is NaN, named in a warning, and left out of the mean."""
+    dm = lf.FederatedDataModule(
+        [_rows(20, i) for i in range(4)],
+        [_rows(6, 10 + i) for i in range(4)],
+        [_rows(1, 20), _rows(30, 21)],
+        num_classes=10,
+        metadata=ClientMetadata(torch.zeros(4, dtype=torch.long), ["clean"] * 4, torch.tensor([0, 1])),
+    )
+    trainer = make_trainer(lf.FedRCStrategy(2, local_steps=1), max_epochs=1)
+    module = lf.ClusteredModule(MLPClassifier(), 2)
+    with pytest.warns(
+        UserWarning, match=r"val/global_acc_concept0: global client\(s\) \[0\] have no validation rows"
+    ):
+        trainer.fit(module, datamodule=dm)
+    val = trainer.callback_metrics
+    assert val["val/global_acc"] == val["val/global_acc_concept1"]  # the mean of the one scored client
+    test = trainer.test(module, datamodule=dm, verbose=False)[0]
+    assert test["test/global_acc_concept0"] in (0.0, 1.0)  # its one row, scored

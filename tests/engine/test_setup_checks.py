@@ -8,11 +8,12 @@ import math
 import warnings
 
 import pytest
+import torch
 import torch.nn.functional as F
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.engine.setup_checks import CHANCE_ROUNDS, check_chance_level
+from lightning_fedcluster.engine.setup_checks import CHANCE_ROUNDS, check_chance_level, input_shape_error
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 
@@ -101,3 +102,29 @@ def test_chance_counting_needs_consecutive_rounds_and_skips_regression_and_round
     with pytest.warns(UserWarning, match=r"round 3: training is at chance level for 3 rounds"):
         assert check_chance_level(CHANCE_ROUNDS - 1, at_chance, 3, 10) == -1
     assert check_chance_level(-1, at_chance, 4, 10) == -1  # once
+
+
+def test_inputs_of_another_size_than_the_model_name_both_sizes_and_the_fix_before_training():
+    """Flat 8-value rows into the 64-feature MLP: torch's "mat1 and mat2 shapes cannot be
+    multiplied (8x8 and 64x128)" alone named neither the model nor what to change."""
+    x, y = torch.rand(400, 8), torch.randint(0, 10, (400,))
+    dm = lf.FederatedDataModule.from_tensors(x, y, num_clients=10, corrupt_fraction=0)
+    with pytest.raises(
+        ValueError,
+        match=r"MLPClassifier.forward cannot take the datamodule's inputs .*"
+        r"takes 64 features per sample but gets 8 .*Build the model for samples of shape \(8,\)",
+    ):
+        make_trainer(lf.FedRCStrategy(2), max_epochs=1).fit(MLPClassifier(), datamodule=dm)
+
+
+def test_a_conv_net_given_flat_rows_gets_the_generic_shape_message_and_other_errors_pass_through():
+    image = torch.rand(4, 1, 8, 8)
+    conv = torch.nn.Conv2d(1, 2, 3)
+    with pytest.raises(RuntimeError) as caught:
+        conv(image.flatten(1))
+    error = input_shape_error("MyCNN", image.flatten(1), caught.value, "the datamodule's")
+    assert isinstance(error, ValueError) and "MyCNN was built for inputs of another shape than (64,)" in str(
+        error
+    )
+    unrelated = RuntimeError("CUDA error: device-side assert triggered")
+    assert input_shape_error("MyCNN", image, unrelated) is unrelated

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lightning_fedcluster.arguments import is_int
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
-from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.scenario import build_scenario, preset_evaluation_fractions
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 __all__ = ["TENSOR_FILE_SUFFIXES", "TensorFileFederated", "load_tensor_file"]
@@ -46,7 +46,8 @@ class TensorFileFederated(FederatedDataModule):
         dirichlet_alpha: label skew Dir(alpha) over the clients (None: an IID split).
         corrupt_fraction: share of each concept's clients whose inputs are corrupted (needs images).
         concept_proportions: share of the clients per concept (default: half in concept 0).
-        test_fraction: each client's held-out share (validation + test).
+        test_fraction: each client's held-out share (validation + test); default 0.2, 0.1 under
+            preset="authors".
         global_test_fraction: share of every class held out for the global test clients
             (default 0.2; leave None when the file has x_test / y_test).
         min_client_size: fewest training rows a client may get.
@@ -59,7 +60,8 @@ class TensorFileFederated(FederatedDataModule):
         seed: every random draw of the scenario.
         corruptions: the pool of corruption kinds (default ``shifts.CORRUPTIONS``).
         val_share: share of each client's held-out rows used for validation (the rest: test).
-        adapt_fraction: share of a global client's rows its mixture weights are fitted on.
+        adapt_fraction: share of a global client's rows its mixture weights are fitted on;
+            default 0.4, 0.9 under preset="authors".
         preset: "authors" for the client mix of the FedRC authors' scripts.
     """
 
@@ -71,7 +73,7 @@ class TensorFileFederated(FederatedDataModule):
         dirichlet_alpha: float | None = 1.0,
         corrupt_fraction: float | Sequence[float] | None = None,
         concept_proportions: Sequence[float] | None = None,
-        test_fraction: float = 0.2,
+        test_fraction: float | None = None,
         global_test_fraction: float | None = None,
         min_client_size: int = 2,
         num_classes: int | None = None,
@@ -81,10 +83,11 @@ class TensorFileFederated(FederatedDataModule):
         seed: int = 0,
         corruptions: Sequence[str] | None = None,
         val_share: float = 0.5,
-        adapt_fraction: float = 0.4,
+        adapt_fraction: float | None = None,
         preset: str | None = None,
     ) -> None:
         check_batch_size(batch_size)
+        test_fraction, adapt_fraction = preset_evaluation_fractions(preset, test_fraction, adapt_fraction)
         tensors = load_tensor_file(path)
         x = as_images(tensors["x"], image_shape, channels_last, "x")
         global_test = None

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from lightning_fedcluster.datamodules import partition
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
-from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.scenario import build_scenario, preset_evaluation_fractions
 from lightning_fedcluster.datamodules.shifts import CIFAR10_C, FASHION_MNIST_C
 from lightning_fedcluster.datamodules.validation import check_batch_size, int_arg
 
@@ -149,17 +149,6 @@ def _build(
     )
 
 
-def _preset_defaults(
-    preset: str | None, test_fraction: float | None, adapt_fraction: float | None
-) -> tuple[float, float]:
-    """test_fraction and adapt_fraction left as None: the authors' 0.1 and 0.9 under
-    preset="authors" (their loader splits every client, global ones too, 90 / 10), else 0.2 and 0.4."""
-    authors = preset == "authors"
-    test = (0.1 if authors else 0.2) if test_fraction is None else test_fraction
-    adapt = (0.9 if authors else 0.4) if adapt_fraction is None else adapt_fraction
-    return test, adapt
-
-
 class FashionMNISTFederated(FederatedDataModule):
     """FashionMNIST as the FedRC scenario (paper Table 1: 300 clients, Dirichlet 1.0).
 
@@ -204,7 +193,7 @@ class FashionMNISTFederated(FederatedDataModule):
         preset: str | None = None,
     ) -> None:
         check_batch_size(batch_size)
-        test_fraction, adapt_fraction = _preset_defaults(preset, test_fraction, adapt_fraction)
+        test_fraction, adapt_fraction = preset_evaluation_fractions(preset, test_fraction, adapt_fraction)
         arguments = _build(
             "fashion_mnist",
             root=root,
@@ -264,7 +253,7 @@ class CIFAR10Federated(FederatedDataModule):
         preset: str | None = None,
     ) -> None:
         check_batch_size(batch_size)
-        test_fraction, adapt_fraction = _preset_defaults(preset, test_fraction, adapt_fraction)
+        test_fraction, adapt_fraction = preset_evaluation_fractions(preset, test_fraction, adapt_fraction)
         arguments = _build(
             self._name,
             root=root,
