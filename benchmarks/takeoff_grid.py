@@ -15,7 +15,10 @@ Recorded per job: the concept ARI of every round, the take-off round (first roun
 the global accuracy (the written global clients: ω fitted on their adapt rows, scored on their
 score rows) every ``--eval-every`` rounds and at the last, the mean accuracy of the clients' own
 test rows at those rounds (the validation signal: the best-validation round is chosen by it),
-the final K (alive clusters), the clusters that explain < 5 % of the data (dead), and seconds.
+the final K (alive clusters), the clusters that explain < 5 % of the data (dead), seconds, the
+``--accelerator`` and the device the module trained on (read at train start; records written
+before 2026-11-26 read it after the fit, when Lightning's teardown had moved the module to the CPU,
+so their ``device`` says ``cpu`` whatever the accelerator).
 
     PYTHONPATH=$PWD python3 benchmarks/takeoff_grid.py run --data-root /work/takeoff \\
         --accelerator cuda --workers 8 --executor vectorized --budget-s 420 --out /tmp/grid/jobs.jsonl
@@ -95,7 +98,8 @@ class Settings:
 
 def make_evaluation(every: int):  # noqa: ANN201
     """A callback: each round's concept ARI, and every ``every`` rounds (and at the last) the global
-    clients' accuracy per concept and the clients' mean accuracy on their own test rows."""
+    clients' accuracy per concept and the clients' mean accuracy on their own test rows; also the
+    device the module trained on (read at train start, since teardown moves it to the CPU)."""
     import lightning.pytorch as pl
     import torch
     from authors_comparison import concept_ari
@@ -103,6 +107,11 @@ def make_evaluation(every: int):  # noqa: ANN201
     class Evaluation(pl.Callback):
         def __init__(self, global_clients: list) -> None:
             self.global_clients, self.rows = global_clients, []
+            self.device = "unknown"
+
+        def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            # read during the fit: Lightning's teardown moves the module back to the CPU afterwards
+            self.device = str(module.device)
 
         def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             state = module.client_state
@@ -215,7 +224,8 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         "final_k": len(alive),
         "dead": sum(float(shares[c]) < DEAD_SHARE for c in alive),
         "used": int(state.omega[state.seen].argmax(1).unique().numel()),
-        "device": str(trainer.lightning_module.device),
+        "device": evaluation.device,
+        "accelerator": settings.accelerator,
         "executor": trainer.lightning_module.executor,
         "fit_seconds": fit_seconds,
     }
@@ -352,7 +362,10 @@ def summarize(args: argparse.Namespace) -> None:
     seconds = [r["seconds"] for r in records]
     if seconds:
         spread = f"median {statistics.median(seconds):.0f}, max {max(seconds):.0f}"
-        print(f"\njob seconds: {spread}; device {records[0]['device']}")
+        devices = sorted(
+            {f"{r['device']} ({r.get('accelerator', 'accelerator not recorded')})" for r in records}
+        )
+        print(f"\njob seconds: {spread}; device {', '.join(devices)}")
     for r in records:
         if "fallback" in r:
             print(f"{r['name']}: {r['fallback']}")
