@@ -41,8 +41,6 @@ UNTESTED_MODULES: dict[str, str] = {
         "flower/commands.py",
         "flower/plan.py",
         "flower/reporting.py",
-        "strategies/fedprox.py",
-        "strategies/round_arguments.py",
     )  # fmt: skip
 }
 
