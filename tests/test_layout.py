@@ -31,11 +31,6 @@ PENDING: dict[str, str] = {}
 UNTESTED_MODULES: dict[str, str] = {
     f"{PACKAGE}/engine/{name}.py": "waits for the round-loop rewrite (branch i26b)"
     for name in ("client", "host", "runtime", "server", "work_items")
-} | {
-    f"{PACKAGE}/{path}": "no test file yet"
-    for path in (
-        "engine/vectors.py",
-    )  # fmt: skip
 }
 
 
