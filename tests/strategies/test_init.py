@@ -72,5 +72,3 @@ def test_strategy_arguments_are_checked():
         CFLStrategy(3, eps1=0.0)
     with pytest.raises(ValueError, match="finetune_epochs"):
         FedRCStrategy(3, finetune_epochs=-1)
-
-
