@@ -1,4 +1,4 @@
-"""The vectorised executor (torch.func, ``algorithms/vectorized.py``) against the per-client loop.
+"""The vectorised executor (torch.func, ``engine/vectorized.py``) against the per-client loop.
 
 For one round's clients (all K models start from the same global weights): the E-step (no-grad
 forward of the K models over every client's data and the responsibilities) and the local

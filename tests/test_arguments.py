@@ -107,7 +107,7 @@ class NaNOnClientFour(MLPClassifier):
 
 
 def test_non_finite_loss_names_the_round_and_client():
-    # NaN in the data itself is refused before training (tests/datamodules/test_input_checks.py);
+    # NaN in the data itself is refused before training (tests/datamodules/test_validation.py);
     # here the model's loss is NaN on client 4's data only.
     dm = DigitsFederated(num_clients=6, seed=0)
     NaNOnClientFour.poisoned = dm.train_split(4)[0][:1].clone()

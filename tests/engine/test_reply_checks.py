@@ -194,20 +194,3 @@ def test_a_round_that_trains_no_client_stops_the_run():
                 clients_per_round=5, local_steps=2, executor="loop", max_update_norm=1e-6
             )
         )
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"max_update_norm": 0}, "max_update_norm must be a number > 0"),
-        ({"max_update_norm": "big"}, "max_update_norm must be a number > 0"),
-        ({"min_clients_per_round": 0}, "min_clients_per_round"),
-        (
-            {"clients_per_round": 3, "min_clients_per_round": 4},
-            "min_clients_per_round=4 exceeds clients_per_round=3",
-        ),
-    ],
-)
-def test_bad_reply_settings_are_refused_by_name(options, message):
-    with pytest.raises(ValueError, match=message):
-        lf.FedAvgStrategy(**options)

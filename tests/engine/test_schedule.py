@@ -1,7 +1,6 @@
 """engine/schedule.py: the round schedule (client sampling, work assignment, local steps, epoch
 batches)."""
 
-import itertools
 import math
 
 import pytest
@@ -10,7 +9,6 @@ import torch
 from lightning_fedcluster.engine.client import minibatch_order
 from lightning_fedcluster.engine.schedule import (
     RoundSchedule,
-    derive_seed,
     epoch_batch,
     local_steps_per_client,
 )
@@ -19,27 +17,6 @@ from lightning_fedcluster.engine.schedule import (
 def schedule(num_clients: int = 30, clients_per_round: int = 10, seed: int = 0, steps=None) -> RoundSchedule:
     steps = torch.full((num_clients,), 5) if steps is None else torch.as_tensor(steps)
     return RoundSchedule(num_clients, clients_per_round, steps, seed=seed)
-
-
-# --- derive_seed -------------------------------------------------------------------------------
-
-
-def test_derive_seed_is_deterministic_and_63_bit() -> None:
-    assert derive_seed(0, 1, 2) == derive_seed(0, 1, 2)
-    assert derive_seed(7) == derive_seed(7)
-    for parts in [(0,), (1, 2), (2**32 - 1, 299, 0x5EED), (12345, 3, 17, 0xBA7C)]:
-        value = derive_seed(*parts)
-        assert isinstance(value, int)
-        assert 0 <= value < 2**63
-
-
-def test_derive_seed_distinct_for_distinct_inputs() -> None:
-    grid = list(itertools.product(range(4), range(25), range(1, 11)))  # (seed, round, client)
-    seeds = {derive_seed(*parts) for parts in grid}
-    assert len(seeds) == len(grid)
-    # argument order matters
-    assert derive_seed(0, 1) != derive_seed(1, 0)
-    assert derive_seed(3, 5, 0x5EED) != derive_seed(3, 0x5EED, 5)
 
 
 # --- client sampling ---------------------------------------------------------------------------
@@ -176,6 +153,9 @@ def test_an_epoch_covers_every_sample_once_in_ceil_or_floor_n_over_b_batches(n, 
         assert stop - start == batch or (not drop_last and stop == n)
     for epoch in (0, 1):
         covered = sorted(seen[epoch])
-        assert covered == (sorted(minibatch_order(0, 3, 5, n, epoch)[: (n // batch) * batch].tolist())
-                           if drop_last else list(range(n)))
+        assert covered == (
+            sorted(minibatch_order(0, 3, 5, n, epoch)[: (n // batch) * batch].tolist())
+            if drop_last
+            else list(range(n))
+        )
     assert minibatch_order(0, 3, 5, n, 0).tolist() != minibatch_order(0, 3, 5, n, 1).tolist() or n < 3

@@ -54,8 +54,3 @@ def test_an_option_that_does_not_fit_the_clients_is_refused_before_training():
     strategy = lf.FederatedStrategy(algorithm=FedRC(2, label_noise_std=[0.1, 0.2]), local_steps=1)
     with pytest.raises(ValueError, match="label_noise_std has 2 values but the datamodule has 6 clients"):
         _fit(strategy)
-
-
-def test_drop_last_needs_local_epochs():
-    with pytest.raises(ValueError, match="drop_last applies to local_epochs"):
-        lf.FedRCStrategy(2, local_steps=3, drop_last=True)

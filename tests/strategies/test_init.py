@@ -68,14 +68,7 @@ def test_strategy_arguments_are_checked():
         FedRCStrategy(3, label_noise_std=-1.0)
     with pytest.raises(ValueError, match="label_noise_std"):
         FedEMStrategy(3, label_noise_std=1.0)
-    with pytest.raises(ValueError, match="mu"):
-        FedProxStrategy(mu=-0.1)
-    # A clustered configuration switched to FedAvg keeps its num_clusters: said, not an error.
-    with pytest.warns(UserWarning, match="trains one model: num_clusters=3 from the configuration"):
-        assert FedAvgStrategy(num_clusters=3).num_clusters == 1
     with pytest.raises(ValueError, match="eps1"):
         CFLStrategy(3, eps1=0.0)
     with pytest.raises(ValueError, match="finetune_epochs"):
         FedRCStrategy(3, finetune_epochs=-1)
-
-
