@@ -21,11 +21,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
+from lightning_fedcluster.datamodules.loaders import EvaluationChunk
 from lightning_fedcluster.engine.copies import Snapshot, attached_trainer
 from lightning_fedcluster.engine.executors.loop import finetune
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.task import Task
-from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.metrics.clustering import concept_ari
 from lightning_fedcluster.metrics.undefined import NOT_FINITE, warn_nan_metrics
 

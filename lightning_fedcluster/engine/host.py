@@ -20,7 +20,6 @@ from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.optimizer_state import StateLayout
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import TrainingPlan
-from lightning_fedcluster.engine.round import RoundState
 
 
 class TrainingHost(Protocol):
@@ -30,7 +29,6 @@ class TrainingHost(Protocol):
     models: nn.ModuleList
     copies: ClusterCopies
     client_state: ClientState | None
-    round: RoundState | None
     rounds_trained: int
     task: str
     seed: int
@@ -39,7 +37,6 @@ class TrainingHost(Protocol):
     pass_rows: int
     stacked_pass_rows: int
     optimizer_layout: StateLayout | None
-    log_label_stats: Tensor | None
     trainer: Any  # Lightning's Trainer: its datamodule and state
 
     @property
@@ -67,8 +64,6 @@ class TrainingHost(Protocol):
     def client_context(self, client: int, round_index: int, num_samples: int) -> ClientContext: ...
 
     def evaluate_clusters(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]: ...
-
-    def round_steps(self, clients: list[int]) -> Tensor: ...
 
     def reduce_sum(self, tensor: Tensor) -> Tensor: ...
 

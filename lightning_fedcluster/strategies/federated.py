@@ -214,9 +214,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         self.logits_from = check_logits_from(logits_from)
         self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
         self.min_clients_per_round = min_clients_per_round
-        # Set by the ClusteredModule once it has resolved the executor (None: the loop).
-        self.chunk_size: int | None = None
-        self._schedule: tuple[tuple[int, int | None], RoundSchedule] | None = None
+        self._schedule: tuple[int, RoundSchedule] | None = None
         # The plain module last wrapped by ``connect`` and its ClusteredModule (reused for that module;
         # references, not a weakref, so that the strategy stays picklable for spawned processes).
         self._wrapped: tuple[pl.LightningModule, pl.LightningModule] | None = None
@@ -306,7 +304,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         """The round schedule for ``datamodule`` (cached per datamodule). A server that selects
         clients from the client store (FedSoft) reads ``client_state()``: the trained module's by
         default, the Flower server's own otherwise."""
-        key = (id(datamodule), self.chunk_size)
+        key = id(datamodule)
         if self._schedule is None or self._schedule[0] != key:
             steps = local_steps_per_client(
                 datamodule.train_sizes,
@@ -326,8 +324,6 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
                 steps,
                 self.seed,
                 selector=selector,
-                chunk_size=self.chunk_size,
-                sizes=datamodule.train_sizes,
             )
             self._schedule = (key, schedule)
         return self._schedule[1]
