@@ -46,6 +46,7 @@ from lightning_fedcluster.engine.federation import (
     ServerState,
     initial_client_state,
 )
+from lightning_fedcluster.engine.host import FederatedRun
 from lightning_fedcluster.engine.losses import evaluate_models, pass_rows, per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import StateLayout, persistent_layout, report_store_size
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from, forward_logits
@@ -135,6 +136,8 @@ class ClusteredModule(
         self._resident: dict[str, Tensor] | None = None
         self._evaluation: Evaluation | None = None
         self.plan: TrainingPlan | None = None  # the strategy's, from setup on
+        # The federated strategy running this module, handed in when the trainer connects it.
+        self.federated: FederatedRun | None = None
         self.driver: RoundDriver | None = None  # the server side of the rounds, from on_fit_start on
         self.round_executor: Executor | None = None  # the clients' side, from on_fit_start on
         self.chunk_size: int | None = None  # clients per vectorised chunk (the vectorised executor)
@@ -159,7 +162,10 @@ class ClusteredModule(
 
     @property
     def rule(self) -> Algorithm:
-        return self.plan.rule if self.plan is not None else self.trainer.strategy.algorithm
+        if self.plan is not None:
+            return self.plan.rule
+        assert self.federated is not None, "the rule is known once a federated strategy connects the module"
+        return self.federated.algorithm
 
     @property
     def batch_size(self) -> int:
@@ -171,7 +177,8 @@ class ClusteredModule(
 
     def reduce_sum(self, tensor: Tensor) -> Tensor:
         """``tensor`` summed over every process of the fit (itself with one process)."""
-        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
+        assert self.federated is not None
+        return self.federated.reduce(tensor, reduce_op="sum")
 
     def cluster_tensors(self, k: int) -> list[Tensor]:
         """The federated tensors of cluster k (parameters and float buffers), shared layers excluded."""
@@ -185,13 +192,14 @@ class ClusteredModule(
     def setup(self, stage: str) -> None:
         from lightning_fedcluster.datamodules.federated import FederatedDataModule
 
-        strategy, datamodule = self.trainer.strategy, self.trainer.datamodule
+        strategy, datamodule = self.federated, self.trainer.datamodule
         check_training_setup(strategy, datamodule, self.num_clusters, FederatedDataModule)
+        assert strategy is not None
         self.plan = strategy.plan
         self.task = Task.of(getattr(datamodule, "task", Task.CLASSIFICATION))
         if not self.task.is_classification and self.rule.capabilities.label_stats:
             raise ValueError(
-                f"{type(strategy).__name__} uses label statistics C_(y,k), which need class labels, but the "
+                f"{self.plan.name} uses label statistics C_(y,k), which need class labels, but the "
                 "datamodule is a regression task: use FedEMStrategy (FedRC without C) for regression"
             )
         strategy.check_datamodule(datamodule)
@@ -309,7 +317,8 @@ class ClusteredModule(
         """The server side of the rounds (``engine/federation.py``) and the clients' side (this
         process's executor), on the fit's device, and the first round's preparation."""
         assert self.client_state is not None and self.plan is not None
-        trainer, strategy, dm = self.trainer, self.trainer.strategy, self.trainer.datamodule
+        trainer, strategy, dm = self.trainer, self.federated, self.trainer.datamodule
+        assert strategy is not None
         last = trainer.max_epochs
         schedule = strategy.round_schedule(dm)
         self.driver = RoundDriver(

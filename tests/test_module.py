@@ -182,3 +182,19 @@ def test_a_step_checkpoint_taken_mid_run_resumes_bit_identically(tmp_path):
     assert resumed.global_step == ROUNDS and resumed.current_epoch == ROUNDS
     assert resumed.lightning_module.rounds_trained == ROUNDS
     _same_weights(straight.lightning_module, resumed.lightning_module)
+
+
+def test_the_strategy_hands_itself_in_for_a_run_and_takes_itself_back():
+    """The module reads its strategy only as handed in by it (never ``trainer.strategy``): after
+    the fit it is gone, so a plain Trainer cannot test the module with a stale one."""
+    import lightning.pytorch as pl
+
+    dm = _digits()
+    trainer = make_trainer(_fedrc(), 1)
+    trainer.fit(MLPClassifier(), datamodule=dm)
+    module = trainer.lightning_module
+    assert module.federated is None
+    assert trainer.test(module, datamodule=dm, verbose=False)[0]["test/global_acc"] >= 0.0  # handed in again
+    plain = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(TypeError, match="under a federated strategy, which hands it the run"):
+        plain.test(module, datamodule=dm)

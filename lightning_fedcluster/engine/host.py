@@ -20,6 +20,35 @@ from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.optimizer_state import StateLayout
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.schedule import RoundSchedule
+
+
+class FederatedRun(Protocol):
+    """What the Lightning host reads of the federated strategy that runs it: the plan, the round
+    schedule, the data checks and the processes. The strategy hands itself in when the trainer
+    connects the module (``FederatedStrategy.connect``) and takes it back at teardown; the module
+    never pulls it from the trainer."""
+
+    @property
+    def num_clusters(self) -> int: ...
+
+    @property
+    def algorithm(self) -> Algorithm: ...
+
+    @property
+    def plan(self) -> TrainingPlan: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def global_rank(self) -> int: ...
+
+    def round_schedule(self, datamodule: Any) -> RoundSchedule: ...
+
+    def check_datamodule(self, datamodule: Any) -> None: ...
+
+    def reduce(self, tensor: Tensor, group: Any = None, reduce_op: Any = "mean") -> Tensor: ...
 
 
 class TrainingHost(Protocol):

@@ -364,7 +364,15 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
                 f"the strategy has logits_from={self.logits_from!r} but the ClusteredModule was built with "
                 f"logits_from={model.logits_from!r}: set it in one place"
             )
+        model.federated = self  # what the module reads of this strategy (engine/host.py FederatedRun)
         super().connect(model)
+
+    def teardown(self) -> None:
+        """DDPStrategy's teardown; the module no longer runs under this strategy."""
+        module = self.lightning_module
+        super().teardown()
+        if module is not None and getattr(module, "federated", None) is self:
+            module.federated = None
 
     def _wrap(self, model: pl.LightningModule) -> pl.LightningModule:
         """The ClusteredModule around a plain LightningModule: the one this strategy built for that
