@@ -63,7 +63,8 @@ class ServedData(Protocol):
 
 
 class _WorkItems(Dataset):
-    """The sampler already yields finished work items; this dataset hands them through."""
+    """The sampler already yields finished items (a round, an evaluation chunk); this dataset hands
+    them through."""
 
     def __getitem__(self, item: Any) -> Any:
         return item

@@ -271,7 +271,7 @@ class EvaluationHooks:
                 prog_bar=name.endswith((f"local_{metric}", f"global_{metric}")),
             )
         if not fitting:  # Lightning's public way to give the loggers a step: the round, as for
-            # every other scalar of the run (ClusterMonitor), instead of the count of client-steps
+            # every other scalar of the run (ClusterMonitor); global_step counts rounds too
             self.log("step", float(self.rounds_trained), batch_size=1, sync_dist=True)
 
 

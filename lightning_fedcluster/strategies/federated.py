@@ -99,7 +99,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             models without random layers or running statistics, not for FedSoft, D-FedEM,
             FeSEM/WeCFL, CFL or shared layers), or "auto" (vectorised where supported and the
             model is all ``nn.Linear`` layers, where it is measured faster; else the loop).
-        clients_per_chunk: clients per vectorised work item (default 64, fewer for large models).
+        clients_per_chunk: clients the vectorised executor trains together (default 64, fewer
+            for large models).
         optimizer_state: "reset" (every client's local optimizer starts afresh each round) or
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
             rounds on the CPU, as the FedRC authors' code does; memory clients × K × parameters
