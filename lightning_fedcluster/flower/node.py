@@ -24,13 +24,12 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
-from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.engine import server, vectors
-from lightning_fedcluster.engine.evaluation import score
+from lightning_fedcluster.engine.evaluation import client_prediction, score
 from lightning_fedcluster.engine.executors.local import LocalClients, estimation_pass
 from lightning_fedcluster.engine.executors.loop import LoopExecutor
 from lightning_fedcluster.engine.federation import initial_client_state
-from lightning_fedcluster.engine.losses import evaluate_models, pass_rows
+from lightning_fedcluster.engine.losses import pass_rows
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
@@ -124,7 +123,6 @@ class NodeRuntime:
         self.copies = clustered.copies
         sample = datamodule.train_split(int(self.clients[0]))[0][:2]
         rows = pass_rows(clustered.models[0], sample, clustered.eval_batch_size)
-        self.pass_rows, self.logits_from = rows, clustered.logits_from
         self.setup = LocalSetup(
             self.copies, plan.rule, self.task, plan.seed, rows,
             datamodule.batch_size, plan.local_epochs, plan.drop_last, torch.device("cpu"),
@@ -270,18 +268,14 @@ class NodeRuntime:
         return records.pack({"evaluation": {"sums": sums}})
 
     def client_prediction(self, state: ClientState, row: int, x: Tensor, snapshot: Any) -> Tensor:
-        """A client's prediction as the Lightning engine's validation makes it: its personal model
-        when it has one (FedSoft), else the mixture of the K models with its prediction weights."""
+        """A client's prediction as the Lightning engine's validation makes it
+        (``engine/evaluation.py``'s ``client_prediction``)."""
         personal = state.personal.get(row) if self.plan.rule.capabilities.personal_models else None
-        if personal is not None:
-            self.copies.write_vector(
-                personal, vectors.personal_copies(self.plan.rule, self.plan.num_clusters)
-            )
-        outputs = evaluate_models(self.copies.models, x, None, self.task, self.pass_rows, self.logits_from)[1]
-        if personal is not None:
-            self.copies.load(snapshot)
-            return outputs[0]
-        return mixture_probabilities(outputs, self.plan.rule.prediction_weights(state.omega[row]))
+        personal_copies = vectors.personal_copies(self.plan.rule, self.plan.num_clusters)
+        return client_prediction(
+            self.plan.rule, self.copies, lambda rows: self.setup.evaluate(rows)[1], x, state.omega[row],
+            personal, personal_copies, snapshot,
+        )  # fmt: skip
 
     def restore(self, content: RecordDict, context: Context) -> RecordDict:
         """The server's rows of this node's clients (ω, label sums, participation, per-client
