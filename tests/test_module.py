@@ -198,3 +198,20 @@ def test_the_strategy_hands_itself_in_for_a_run_and_takes_itself_back():
     plain = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(TypeError, match="under a federated strategy, which hands it the run"):
         plain.test(module, datamodule=dm)
+
+
+def test_val_check_interval_counts_rounds():
+    """With check_val_every_n_epoch=None, val_check_interval=n validates every n rounds (batches)."""
+    import lightning.pytorch as pl
+
+    class ValidatedAfter(pl.Callback):
+        def __init__(self) -> None:
+            self.rounds: list[int] = []
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            self.rounds.append(pl_module.rounds_trained)
+
+    seen = ValidatedAfter()
+    trainer = make_trainer(_fedrc(), 4, check_val_every_n_epoch=None, val_check_interval=2, callbacks=[seen])
+    trainer.fit(MLPClassifier(), datamodule=_digits())
+    assert seen.rounds == [2, 4] and trainer.global_step == 4
