@@ -239,8 +239,9 @@ class ClusteredModule(
         return self.task.label_classes(self.trainer.datamodule.num_classes)
 
     def configure_optimizers(self) -> Any:
-        """One optimizer over all K copies (one step per client-step), built from the user's own
-        configure_optimizers (shared layers appear once), with its schedulers (stepped per round)."""
+        """One optimizer over all K copies, built from the user's own configure_optimizers (shared
+        layers appear once), with its schedulers (stepped per round). The clients' local steps use
+        it directly; Lightning's wrapper of it takes one step per round (``global_step``)."""
         return self.schedulers.configure(*local_solver(self.models, self.trainer), self.task)
 
     # ------------------------------------------------------------------ data and clients
