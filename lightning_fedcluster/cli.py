@@ -59,8 +59,8 @@ MAIN_JOB_DEFAULTS = {
     "trainer.check_val_every_n_epoch": 25,
     "trainer.num_sanity_val_steps": 0,
     "trainer.enable_model_summary": False,
-    # The engine logs once per round (step = round), never per step: a round's work items need not
-    # reach Lightning's per-step logging interval, which would otherwise warn that they do not.
+    # The engine logs once per round (step = round): a round is one batch, fewer than Lightning's
+    # default per-step logging interval, which would otherwise warn about it.
     "trainer.log_every_n_steps": 1,
 }
 

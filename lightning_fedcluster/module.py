@@ -1,12 +1,11 @@
 """ClusteredModule: K cluster copies of the user's LightningModule, trained as federated clients.
 
 A thin set of Lightning hooks over the engine (``lightning_fedcluster.engine``): one Lightning
-epoch is one communication round. ``on_train_epoch_start`` opens the round (``RoundState``);
-each training item is one local step of one client (loop executor) or a chunk of clients
-(vectorised executor), both running the client contract of ``engine/client.py``; the round's
-last item sums every process's updates in one all-reduce, applies them and runs the rule's
-server actions, so callbacks, validation and checkpoints always see aggregated weights.
-``global_step`` counts client-steps on both executors.
+epoch is one communication round, and its one training batch runs it
+(``RoundDriver.run_round``): the executor trains this process's share of the round's clients,
+one all-reduce sums every process's updates, the server step and the rule's actions apply them,
+so callbacks, validation and checkpoints always see aggregated weights. The round counts one step
+of Lightning's optimizer: ``global_step`` is the number of rounds trained.
 """
 
 from __future__ import annotations
@@ -18,13 +17,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm, ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.arguments import check_positive_int, check_seed
-from lightning_fedcluster.engine import server, vectors
+from lightning_fedcluster.datamodules.loaders import RoundBatch
+from lightning_fedcluster.engine import vectors
 from lightning_fedcluster.engine.checkpoint import CLIENT_STATE_KEY, CheckpointHooks
 from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.copies import (
@@ -35,21 +35,23 @@ from lightning_fedcluster.engine.copies import (
     tie_shared_layers,
 )
 from lightning_fedcluster.engine.evaluation import Evaluation, EvaluationHooks
+from lightning_fedcluster.engine.executors.local import LocalClients, Processes
 from lightning_fedcluster.engine.executors.loop import LoopExecutor
 from lightning_fedcluster.engine.executors.select import choose_executor, chunk_size_for
 from lightning_fedcluster.engine.executors.vectorized import VectorizedExecutor
 from lightning_fedcluster.engine.federation import (
     ClientDirectory,
+    Executor,
     RoundDriver,
     ServerState,
     initial_client_state,
 )
+from lightning_fedcluster.engine.host import FederatedRun
 from lightning_fedcluster.engine.losses import evaluate_models, pass_rows, per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import StateLayout, persistent_layout, report_store_size
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from, forward_logits
 from lightning_fedcluster.engine.plan import TrainingPlan
-from lightning_fedcluster.engine.round import RoundState
-from lightning_fedcluster.engine.runtime import ClientRuntime
+from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
 from lightning_fedcluster.engine.setup_checks import (
@@ -59,9 +61,7 @@ from lightning_fedcluster.engine.setup_checks import (
     input_shape_error,
     warn_before_fit,
 )
-from lightning_fedcluster.engine.step_count import count_steps
 from lightning_fedcluster.engine.task import Task
-from lightning_fedcluster.engine.work_items import ClientChunk, ClientStep
 from lightning_fedcluster.export import ClusterExport
 from lightning_fedcluster.metrics.undefined import warn_nan_metrics
 from lightning_fedcluster.prediction import PredictionHooks
@@ -125,25 +125,23 @@ class ClusteredModule(
         self.models = nn.ModuleList(copies)
         self.copies = ClusterCopies(self.models, shared)
         self.client_state: ClientState | None = None
-        self.round: RoundState | None = None
         self.round_metrics: dict[str, float] = {}
         self.rounds_trained = 0  # rounds aggregated into the weights: the logging step (checkpointed)
         self.eval_metrics: dict[str, float] = {}
-        self.log_label_stats: Tensor | None = None
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.task = Task.CLASSIFICATION
         self.executor = "loop"  # resolved from the strategy's ``executor`` when fitting starts
         self._pending_state: dict[str, Tensor] | None = None
         self._pending_metadata: dict[str, Any] | None = None
         self._resident: dict[str, Tensor] | None = None
-        self._loop = LoopExecutor()
-        self._vectorized: VectorizedExecutor | None = None
         self._evaluation: Evaluation | None = None
         self.plan: TrainingPlan | None = None  # the strategy's, from setup on
+        # The federated strategy running this module, handed in when the trainer connects it.
+        self.federated: FederatedRun | None = None
         self.driver: RoundDriver | None = None  # the server side of the rounds, from on_fit_start on
-        self._interrupted_round: int | None = None
+        self.round_executor: Executor | None = None  # the clients' side, from on_fit_start on
+        self.chunk_size: int | None = None  # clients per vectorised chunk (the vectorised executor)
         self.optimizer_layout: StateLayout | None = None  # optimizer_state="persist" only
-        self._open_epoch: int | None = None  # the round whose epoch is running (hooks between)
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -164,7 +162,10 @@ class ClusteredModule(
 
     @property
     def rule(self) -> Algorithm:
-        return self.plan.rule if self.plan is not None else self.trainer.strategy.algorithm
+        if self.plan is not None:
+            return self.plan.rule
+        assert self.federated is not None, "the rule is known once a federated strategy connects the module"
+        return self.federated.algorithm
 
     @property
     def batch_size(self) -> int:
@@ -176,7 +177,8 @@ class ClusteredModule(
 
     def reduce_sum(self, tensor: Tensor) -> Tensor:
         """``tensor`` summed over every process of the fit (itself with one process)."""
-        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
+        assert self.federated is not None
+        return self.federated.reduce(tensor, reduce_op="sum")
 
     def cluster_tensors(self, k: int) -> list[Tensor]:
         """The federated tensors of cluster k (parameters and float buffers), shared layers excluded."""
@@ -190,13 +192,14 @@ class ClusteredModule(
     def setup(self, stage: str) -> None:
         from lightning_fedcluster.datamodules.federated import FederatedDataModule
 
-        strategy, datamodule = self.trainer.strategy, self.trainer.datamodule
+        strategy, datamodule = self.federated, self.trainer.datamodule
         check_training_setup(strategy, datamodule, self.num_clusters, FederatedDataModule)
+        assert strategy is not None
         self.plan = strategy.plan
         self.task = Task.of(getattr(datamodule, "task", Task.CLASSIFICATION))
         if not self.task.is_classification and self.rule.capabilities.label_stats:
             raise ValueError(
-                f"{type(strategy).__name__} uses label statistics C_(y,k), which need class labels, but the "
+                f"{self.plan.name} uses label statistics C_(y,k), which need class labels, but the "
                 "datamodule is a regression task: use FedEMStrategy (FedRC without C) for regression"
             )
         strategy.check_datamodule(datamodule)
@@ -207,13 +210,13 @@ class ClusteredModule(
         self.stacked_pass_rows = pass_rows(self.models[0], sample, self.eval_batch_size, self.num_clusters)
         if stage == "fit":
             warn_before_fit(self.models[0], self.num_clusters, datamodule, self.task)
-            strategy.chunk_size = None
             strategy.round_schedule(datamodule)  # validates clients_per_round before training
             x, y = datamodule.train_split(0)
             self.executor = choose_executor(self.plan.executor, self, x, y)
+            self.chunk_size = None
             if self.executor == "vectorized":
-                strategy.chunk_size = chunk_size_for(self, self.plan.clients_per_chunk)
-            self._vectorized = None
+                self.chunk_size = chunk_size_for(self, self.plan.clients_per_chunk)
+            datamodule.serve_rounds(self.current_round)
             self.optimizer_layout = None
             if self.plan.persists_optimizer_state:
                 self.optimizer_layout = persistent_layout(self.models, self.trainer)
@@ -236,8 +239,9 @@ class ClusteredModule(
         return self.task.label_classes(self.trainer.datamodule.num_classes)
 
     def configure_optimizers(self) -> Any:
-        """One optimizer over all K copies (one step per client-step), built from the user's own
-        configure_optimizers (shared layers appear once), with its schedulers (stepped per round)."""
+        """One optimizer over all K copies, built from the user's own configure_optimizers (shared
+        layers appear once), with its schedulers (stepped per round). The clients' local steps use
+        it directly; Lightning's wrapper of it takes one step per round (``global_step``)."""
         return self.schedulers.configure(*local_solver(self.models, self.trainer), self.task)
 
     # ------------------------------------------------------------------ data and clients
@@ -259,9 +263,9 @@ class ClusteredModule(
         return self.data[f"{name}_x"][start:stop], self.data[f"{name}_y"][start:stop]
 
     def client_context(self, client: int, round_index: int, num_samples: int) -> ClientContext:
+        """What the rule may know of ``client`` outside a round (FedRC-FT's fine-tuning)."""
         assert self.client_state is not None
         offsets = self.trainer.datamodule.train_offsets
-        membership = self.round.membership if self.round is not None else None
         return client_context(
             self.rule,
             self.client_state,
@@ -271,14 +275,8 @@ class ClusteredModule(
             num_classes=self.num_state_classes,
             sample_rows=(int(offsets[client]), int(offsets[client + 1])),
             seed=self.seed,
-            membership=membership,
             device=self.device,
         )
-
-    def round_steps(self, clients: list[int]) -> Tensor:
-        """Local steps of the given clients this round (the driver's schedule)."""
-        assert self.driver is not None
-        return self.driver.schedule.steps_per_client[clients]
 
     def per_sample_loss(self, k: int, x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
         """Loss of every sample under cluster model k, shape [N]."""
@@ -312,90 +310,72 @@ class ClusteredModule(
         return vectors.personal_copies(self.rule, self.num_clusters)
 
     # ------------------------------------------------------------------ rounds
+    def current_round(self) -> int:
+        """The round the running training epoch trains (what the datamodule's loader yields)."""
+        return self.trainer.current_epoch
+
     def on_fit_start(self) -> None:
-        """The server side of the rounds (``engine/federation.py``), on the fit's device, and the
-        first round's preparation."""
+        """The server side of the rounds (``engine/federation.py``) and the clients' side (this
+        process's executor), on the fit's device, and the first round's preparation."""
         assert self.client_state is not None and self.plan is not None
-        trainer, strategy, dm = self.trainer, self.trainer.strategy, self.trainer.datamodule
+        trainer, strategy, dm = self.trainer, self.federated, self.trainer.datamodule
+        assert strategy is not None
         last = trainer.max_epochs
+        schedule = strategy.round_schedule(dm)
         self.driver = RoundDriver(
             self.plan,
             ServerState(self.copies, self.client_state, self.server_optimizer, self.schedulers),
-            strategy.round_schedule(dm),
+            schedule,
             ClientDirectory(dm.train_sizes, self.num_state_classes, self.task),
-            estimate=self._estimation_pass,
             device=self.device,
             optimizer_size=None if self.optimizer_layout is None else self.optimizer_layout.size,
             optimizer_in_store=strategy.world_size == 1,
             num_rounds=None if last is None or last < 0 else last,
             say=rank_zero_info,
+            timed=self.timed,
         )
-        self._loop.bind(ClientRuntime.of(self))
-        self.driver.prepare_round(trainer.current_epoch)
-
-    def _estimation_pass(self, round_index: int) -> Tensor:
-        """Every client's estimate [M, K] on its training data, clients split across processes."""
-        assert self.client_state is not None
-        strategy = self.trainer.strategy
-        with self.timed("e_step"):
-            return server.estimation_pass(
-                self.rule,
-                self.client_state,
-                lambda client: self.evaluate_clusters(*self.split("train", client))[0],
-                self.trainer.datamodule.num_clients,
-                strategy.world_size,
-                strategy.global_rank,
-                self.reduce_sum,
-                self.device,
+        processes = Processes(
+            strategy.global_rank, strategy.world_size, self.reduce_sum if strategy.world_size > 1 else None
+        )
+        clients = LocalClients(
+            self.data["train_x"], self.data["train_y"], dm.train_offsets, torch.arange(dm.num_clients),
+            schedule.steps_per_client,
+        )  # fmt: skip
+        runtime = self.client_runtime()
+        if self.executor == "vectorized":
+            assert self.chunk_size is not None
+            self.round_executor = VectorizedExecutor(
+                runtime, clients, self.chunk_size, self.stacked_pass_rows, processes, self.timed
             )
-
-    def on_train_epoch_start(self) -> None:
-        """Round start (one epoch is one round): the driver opens the round's accumulators."""
-        assert self.driver is not None
-        self._interrupted_round = None
-        self._open_epoch = self.trainer.current_epoch
-        self.round = self.driver.begin_round(self.trainer.current_epoch)
-        self.log_label_stats = self.current_label_stats()
-
-    def training_step(self, batch: ClientStep | ClientChunk, batch_idx: int) -> None:
-        """One work item; the round's last item also ends the round (before any callback's
-        ``on_train_batch_end``, so step-based checkpoints see aggregated weights)."""
-        optimizer = self.optimizers()
-        if isinstance(batch, ClientChunk):
-            if not batch.is_padding:
-                if self._vectorized is None:
-                    self._vectorized = VectorizedExecutor(self)
-                self._vectorized.run_chunk(self, batch)
-            for _ in range(batch.step_count):  # the chunk's client-steps count in global_step
-                optimizer.step()
-        elif batch.is_padding:
-            count_steps(optimizer, batch.step_count)  # every process counts the same steps
         else:
-            self._loop.run_item(self, batch)
-            count_steps(optimizer, batch.step_count - 1)  # the other processes' steps at this position
-        if batch_idx + 1 == self.trainer.num_training_batches:
-            assert self.driver is not None and self.round is not None
-            with self.timed("aggregation"):
-                metrics = self.driver.end_round(self.round, self.reduce_sum)
-            self.rounds_trained, self.round = self.round.round_index + 1, None
-            self._log_round_metrics(metrics)
-        return None
+            self.round_executor = LoopExecutor(runtime, clients, processes, self.timed)
+        self.driver.prepare_round(trainer.current_epoch, self.round_executor)
 
-    def on_train_epoch_end(self) -> None:
-        """A round cut short (``max_steps`` stopped the fit inside it): discard its partial
-        updates, keep the last aggregated weights, and mark checkpoints of this point as not
-        resumable (they follow a partial round). Runs before ModelCheckpoint's epoch-end save."""
-        self._open_epoch = None
-        if self.round is None:
-            return
-        round_index = self.round.round_index
-        self.copies.load((self.round.global_clusters, self.round.global_shared))
-        self.round, self._interrupted_round = None, round_index
-        rank_zero_warn(
-            f"training stopped inside round {round_index} (global_step {self.trainer.global_step}); its "
-            "partial updates were discarded and the models hold the last aggregated weights. Set "
-            "max_steps to a whole number of rounds, or use max_epochs (one epoch = one round)"
-        )
+    def client_runtime(self) -> ClientRuntime:
+        """The fit's local setup and solver: the working copies on this device, the plan's local
+        step plan, the forward in the precision plugin's context, and the torch optimizer that
+        Lightning wraps (the clients' steps are not Lightning's: a round counts one step)."""
+        assert self.plan is not None
+        setup = LocalSetup(
+            self.copies, self.plan.rule, self.task, self.seed, self.pass_rows, self.batch_size,
+            self.plan.local_epochs, self.plan.drop_last, self.device, self.logits_from,
+            self.num_state_classes, self.trainer.precision_plugin.forward_context,
+        )  # fmt: skip
+        return ClientRuntime(setup, LocalSolver.plain(self.optimizers().optimizer, self.optimizer_layout))
+
+    def training_step(self, batch: RoundBatch, batch_idx: int) -> None:
+        """One round (one epoch, one batch): this process's share of its clients, the all-reduce,
+        the server step and the rule's actions (``RoundDriver.run_round``), before any callback's
+        ``on_train_batch_end``, so step-based checkpoints see aggregated weights. Then one step of
+        Lightning's optimizer, whose gradients are cleared first (no update): ``global_step``
+        counts rounds."""
+        assert self.driver is not None and self.round_executor is not None
+        _, metrics = self.driver.run_round(batch.round_index, self.round_executor)
+        self.rounds_trained = batch.round_index + 1
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        self._log_round_metrics(metrics)
 
     def _log_round_metrics(self, metrics: dict[str, float]) -> None:
         self.round_metrics = metrics

@@ -30,10 +30,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from lightning_fedcluster.datamodules.loaders import EvaluationChunk
 from lightning_fedcluster.engine.evaluation import Evaluation
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.task import Task
-from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.inference import UNSEEN, NewClients
 
 

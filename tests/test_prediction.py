@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
-from lightning_fedcluster.engine.work_items import EvaluationChunk, empty_clients
+from lightning_fedcluster.datamodules.loaders import EvaluationChunk, empty_clients
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from lightning_fedcluster.prediction import ClientInputs, concat_predictions
 from tests.conftest import make_trainer

@@ -1,7 +1,7 @@
 """RoundProgressBar: progress over communication rounds instead of Lightning's per-epoch bars.
 
-One epoch is one round of one work item per client-step (or chunk of clients), so Lightning's
-TQDM bar shows a 1/1 or 50/50 bar per round and a bar per validation pass. This bar counts
+One epoch is one round and one batch, so Lightning's TQDM bar shows a 1/1 bar per round and a
+bar per validation pass. This bar counts
 rounds: ``round t/T``, the client updates trained so far, rounds per second and the latest
 training and validation metrics. On a terminal it is one bar redrawn in place; without one (a
 log file, CI) it prints at most ``lines`` plain lines per fit. Validation and test draw nothing.

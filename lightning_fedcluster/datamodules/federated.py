@@ -15,7 +15,7 @@ re-exported from this module.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -78,6 +78,8 @@ class FederatedDataModule(ScenarioBuilders["FederatedDataModule"], pl.LightningD
         adapt_fraction: share of a global client's validation/test rows it adapts on, in (0, 1).
         seed: seed of the validation/test and adapt/score draws (integer >= 0).
     """
+
+    rounds: Callable[[], int] | None = None  # handed over by the module (``serve_rounds``)
 
     def __init__(
         self,
@@ -317,6 +319,11 @@ class FederatedDataModule(ScenarioBuilders["FederatedDataModule"], pl.LightningD
         score parts together (`evaluation_split` separates them)."""
         count = self.num_global_clients
         return client_slice(self.global_x, self.global_y, self.global_offsets, g, "g", count)
+
+    def serve_rounds(self, rounds: Callable[[], int]) -> None:
+        """Train under a federated module: ``rounds()`` names the round each training epoch runs
+        (the module hands it over when a fit sets up; the training loader yields it)."""
+        self.rounds = rounds
 
     def train_dataloader(self):
         return round_dataloader(self)

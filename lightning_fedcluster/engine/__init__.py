@@ -3,6 +3,6 @@ Cluster copies (``copies``), losses and the no-grad pass (``losses``), the clien
 (``client``), a round's accumulators (``round``), the server step (``server``), per-client
 vectors and personal models (``vectors``), persistent local-optimizer state
 (``optimizer_state``), the server optimizer's state (``server_optimizer``), evaluation
-(``evaluation``), executors (``executors``), checkpoint metadata (``checkpoint``), typed work
-items (``work_items``), checks before training (``setup_checks``), where the logits are in a
+(``evaluation``), the round and its executors (``federation``, ``executors``), checkpoint
+metadata (``checkpoint``), checks before training (``setup_checks``), where the logits are in a
 model's output (``outputs``) and the user's LR schedulers over rounds (``schedulers``)."""

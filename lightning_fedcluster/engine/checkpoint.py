@@ -1,8 +1,9 @@
 """What a checkpoint records besides the weights: the client store, which algorithm with which
-configuration wrote it, whether a round was in progress, and the server optimizer's state.
+configuration wrote it, what ``global_step`` counts (rounds), and the server optimizer's state.
 Resuming is refused, with a message naming both sides, under another algorithm, with other
-algorithm-specific client state or another server optimizer, or from the middle of a round (the
-working copies then hold a client's local weights)."""
+algorithm-specific client state or another server optimizer, from the middle of a round (an
+earlier version's checkpoint: its working copies held a client's local weights), or from an
+earlier version's checkpoint whose ``global_step`` counted client-steps."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def schedule_config(plan: Any) -> dict[str, Any]:
     return {name: getattr(plan, name, None) for name in SCHEDULE_SETTINGS}
 
 
+STEP_UNIT = "round"
+"""What Lightning's ``global_step`` counts in a checkpoint's run (``metadata["global_step"]``): one
+step per round. Checkpoints without it were written when it counted client-steps."""
+
+
 def metadata(
     name: str,
     rule: Algorithm,
@@ -67,7 +73,25 @@ def metadata(
         "client_state_keys": sorted(state.extra) if state is not None else [],
         "round_in_progress": round_in_progress,
         "rounds_trained": rounds_trained,
+        "global_step": STEP_UNIT,
     }
+
+
+def check_step_unit(ckpt: dict[str, Any]) -> None:
+    """Refuse to resume a fit from a checkpoint whose ``global_step`` counted client-steps (an
+    earlier lightning-fedcluster): Lightning would go on counting from its step, so ``max_steps``
+    and step-named checkpoints would mix the two units. Testing and predicting with it work."""
+    saved = ckpt.get(METADATA_KEY) or {}
+    if saved.get("global_step") == STEP_UNIT:
+        return
+    rounds = saved.get("rounds_trained", ckpt.get("epoch", 0) + 1)
+    raise ValueError(
+        f"the checkpoint was written by an earlier lightning-fedcluster, whose global_step counted "
+        f"client-steps (global_step={ckpt.get('global_step')} after {rounds} rounds); this version counts "
+        "one step per round, so a resumed fit would count max_steps and step-named checkpoints in both "
+        "units. Resume it with the version that wrote it; trainer.test / trainer.predict / "
+        "trainer.validate with ckpt_path= read it as it is"
+    )
 
 
 def check_resumable(
@@ -180,20 +204,18 @@ class CheckpointHooks:
         if self.client_state is None:
             return
         ckpt[CLIENT_STATE_KEY] = self.client_state.state_dict()
-        in_progress = self._interrupted_round if self.round is None else self.round.round_index
-        if in_progress is None and self._open_epoch is not None and not self.trainer.validating:
-            # Saved after the round's aggregation but inside its epoch (a step-based checkpoint at
-            # the round's last step): Lightning would resume inside the epoch, not at the next round.
-            in_progress = self._open_epoch
         schedule = schedule_config(self.plan)
         ckpt[METADATA_KEY] = metadata(
-            self.plan.name, self.rule, self.client_state, in_progress, schedule, self.rounds_trained
+            self.plan.name, self.rule, self.client_state, None, schedule, self.rounds_trained
         )
 
     def on_load_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
         check_num_clusters(ckpt, self.num_clusters)
         trainer = attached_trainer(self)
-        if trainer is not None and trainer.state.fn == TrainerFn.FITTING and ckpt.get("optimizer_states"):
+        fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
+        if fitting and "loops" in ckpt:  # resuming a fit (not a checkpoint of weights alone)
+            check_step_unit(ckpt)
+        if fitting and ckpt.get("optimizer_states"):
             check_solver_layout(ckpt["optimizer_states"][0], local_optimizer(self.models, trainer))
         load_server_optimizer(self.server_optimizer, ckpt)
         self.rounds_trained = int((ckpt.get(METADATA_KEY) or {}).get("rounds_trained", 0))

@@ -13,19 +13,20 @@ are scored client by client.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
-from lightning_fedcluster.engine.copies import Snapshot, attached_trainer
+from lightning_fedcluster.datamodules.loaders import EvaluationChunk
+from lightning_fedcluster.engine.copies import ClusterCopies, Snapshot, attached_trainer
 from lightning_fedcluster.engine.executors.loop import finetune
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.task import Task
-from lightning_fedcluster.engine.work_items import EvaluationChunk
 from lightning_fedcluster.metrics.clustering import concept_ari
 from lightning_fedcluster.metrics.undefined import NOT_FINITE, warn_nan_metrics
 
@@ -53,24 +54,49 @@ def predicts_per_client(module: TrainingHost) -> bool:
     return module.rule.capabilities.personal_models or module.finetune_epochs > 0
 
 
+def client_prediction(
+    rule: Algorithm,
+    copies: ClusterCopies,
+    outputs_of: Callable[[Tensor], Tensor],
+    x: Tensor,
+    omega: Tensor,
+    personal: Tensor | None,
+    personal_copies: Sequence[int],
+    snapshot: Snapshot,
+) -> Tensor:
+    """A participating client's prediction on x, as every host's validation makes it (the
+    Lightning engine's and a Flower node's): its personal model when it has one (FedSoft: one
+    copy; D-FedEM: K personal copies mixed by ω), else the mixture of the K global models with the
+    rule's prediction weights of ω. ``outputs_of(x)``: the working copies' outputs [K, N, ...]; the
+    copies are restored to ``snapshot`` after a personal model."""
+    try:
+        if personal is not None:
+            copies.write_vector(personal, personal_copies)
+        outputs = outputs_of(x)
+        if personal is not None and len(personal_copies) == 1:
+            return outputs[0]
+        return mixture_probabilities(outputs, rule.prediction_weights(omega.to(outputs.device)))
+    finally:
+        if personal is not None:
+            copies.load(snapshot)
+
+
 def personal_prediction(
     module: TrainingHost, client: int, x: Tensor, log_label_stats: Tensor | None, snapshot: Snapshot
 ) -> Tensor:
-    """Participating client's prediction on x from its personal model(s), or from the cluster
-    models fine-tuned on its training data (FedRC-FT); the working copies are restored to
-    ``snapshot`` (the global weights) afterwards."""
+    """Participating client's prediction on x from its personal model(s) (``client_prediction``),
+    or from the cluster models fine-tuned on its training data (FedRC-FT); the working copies are
+    restored to ``snapshot`` (the global weights) afterwards."""
     assert module.client_state is not None
     omega = module.client_state.omega[client].to(module.device)
     personal = module.client_state.personal.get(client) if module.rule.capabilities.personal_models else None
+    if personal is not None or not module.finetune_epochs:
+        outputs_of = lambda rows: module.evaluate_clusters(rows)[1]  # noqa: E731
+        return client_prediction(
+            module.rule, module.copies, outputs_of, x, omega, personal, module.personal_copies(), snapshot
+        )
     try:
-        if personal is not None:
-            copies = module.personal_copies()
-            module.copies.write_vector(personal, copies)
-            if len(copies) == 1:
-                _, outputs = module.evaluate_clusters(x)
-                return outputs[0]
-        elif module.finetune_epochs:
-            omega = finetune(module, client, module.finetune_epochs, log_label_stats)
+        omega = finetune(module, client, module.finetune_epochs, log_label_stats)
         return mixture_prediction(module, x, omega)
     finally:
         module.copies.load(snapshot)
@@ -271,7 +297,7 @@ class EvaluationHooks:
                 prog_bar=name.endswith((f"local_{metric}", f"global_{metric}")),
             )
         if not fitting:  # Lightning's public way to give the loggers a step: the round, as for
-            # every other scalar of the run (ClusterMonitor), instead of the count of client-steps
+            # every other scalar of the run (ClusterMonitor); global_step counts rounds too
             self.log("step", float(self.rounds_trained), batch_size=1, sync_dist=True)
 
 

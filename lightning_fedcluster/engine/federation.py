@@ -1,21 +1,25 @@
-"""The federation core: a round's server sequence, written once.
+"""The federation core: the round, written once.
 
-``RoundDriver`` runs the server's side of every round over a ``ServerState`` without a Trainer:
-``prepare_round`` (an estimation pass when the rule asks, before the round's clients are
-chosen), ``begin_round`` (the round's clients, the global snapshot and the accumulators), and
-``end_round`` (sum the processes' updates, apply them with the server step, store the clients'
-reports, run the rule's server actions, load the new global models, step the LR schedulers and
-prepare the next round). The Lightning module's hooks and the Flower ServerApp are adapters: they
-deliver the clients' work into the ``RoundState`` (Lightning: executors on local data; Flower:
-the nodes' replies) and log the returned metrics; neither spells out the sequence.
+``RoundDriver.run_round(r, executor)`` is the one round of every host, over a ``ServerState``
+and without a Trainer: ``prepare_round`` (an estimation pass when the rule asks, before the
+round's clients are chosen), ``begin_round`` (the round's clients, the global snapshot and the
+accumulators), the ``Executor``'s clients' work, and ``end_round`` (sum the processes' updates,
+apply them with the server step, store the clients' reports, run the rule's server actions, load
+the new global models, step the LR schedulers and prepare the next round). ``run`` loops over
+rounds. The executors are the local loop and the vectorised executor
+(``engine/executors/``: a Lightning process's share of the clients, or a Flower node's) and the
+Flower grid (``flower/server.py``: the nodes' replies). The Lightning module runs one
+``run_round`` per training batch (Lightning's loop over epochs is the loop over rounds); the
+Flower ServerApp calls ``run``.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -23,11 +27,13 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import ServerAction
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
+from lightning_fedcluster.algorithms.protocols import label_statistics
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
 from lightning_fedcluster.engine import server, vectors
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import Reduce, RoundState
+from lightning_fedcluster.engine.runtime import Timer, untimed
 from lightning_fedcluster.engine.schedule import RoundSchedule
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
@@ -78,6 +84,23 @@ class ClientDirectory:
         return torch.cat([torch.zeros(1, dtype=torch.long), self.train_sizes.cumsum(0)])
 
 
+class Executor(Protocol):
+    """Who does the clients' work of a round: the local loop, the vectorised executor (a Lightning
+    process's share of the round's clients, or a Flower node's) or a Flower grid (the nodes).
+
+    ``train`` puts this executor's share of the round's clients into the round's sums and
+    reports (``RoundState``); ``estimate`` scores every client for an estimation pass ([M, K],
+    summed over processes); ``reduce`` sums a round over processes (None: the round is whole
+    where it was trained)."""
+
+    @property
+    def reduce(self) -> Reduce | None: ...
+
+    def train(self, round_state: RoundState) -> None: ...
+
+    def estimate(self, round_index: int, state: ClientState) -> Tensor: ...
+
+
 class _ActionTarget:
     """A rule's server actions act on the round's global models and the server's store; a
     replaced model restarts its server-optimizer state."""
@@ -118,8 +141,6 @@ class RoundDriver:
         state: the server's state (owned by the caller, which checkpoints it).
         schedule: which clients take part in each round.
         clients: training sizes, class count and task.
-        estimate: round → every client's estimate [M, K] for an estimation pass (the Lightning
-            engine scores local data; the Flower server asks its nodes).
         device: where the round's accumulators live.
         optimizer_size: length of a client's persistent optimizer-state vector (None: reset).
         optimizer_in_store: write each client's optimizer state straight into the store as it
@@ -131,6 +152,7 @@ class RoundDriver:
         warn: where rejected replies and rounds not applied are reported (every process its own).
         check_action: called with every action before it applies (a deployment refuses what its
             nodes cannot mirror).
+        timed: times the server's side of a round as the "aggregation" phase.
     """
 
     def __init__(
@@ -140,7 +162,6 @@ class RoundDriver:
         schedule: RoundSchedule,
         clients: ClientDirectory,
         *,
-        estimate: Callable[[int], Tensor] | None = None,
         device: torch.device | None = None,
         optimizer_size: int | None = None,
         optimizer_in_store: bool = False,
@@ -149,12 +170,14 @@ class RoundDriver:
         say: Callable[[str], None] = print,
         warn: Callable[[str], None] = warnings.warn,
         check_action: Callable[[ServerAction], None] | None = None,
+        timed: Timer = untimed,
     ) -> None:
         self.plan, self.state, self.schedule, self.clients = plan, state, schedule, clients
-        self.estimate, self.device = estimate, device or torch.device("cpu")
+        self.device = device or torch.device("cpu")
         self.optimizer_size, self.personal_vectors = optimizer_size, personal_vectors
         self.optimizer_in_store = optimizer_in_store
         self.num_rounds, self.say, self.warn, self.check_action = num_rounds, say, warn, check_action
+        self.timed = timed
         self.first_loss: float | None = None  # the divergence checks' state (engine/setup_checks.py)
         self.chance_rounds = 0
 
@@ -163,19 +186,40 @@ class RoundDriver:
         return self.plan.rule
 
     # -- the round's sequence ----------------------------------------------------------------
-    def prepare_round(self, round_index: int) -> None:
+    def run(
+        self,
+        executor: Executor,
+        rounds: Iterable[int],
+        after_round: Callable[[RoundState, dict[str, float]], None] | None = None,
+    ) -> None:
+        """Every round of ``rounds`` (``run_round``), then ``after_round`` with the round and its
+        metrics (a host's logging, validation and checkpoints)."""
+        for round_index in rounds:
+            round_state, metrics = self.run_round(round_index, executor)
+            if after_round is not None:
+                after_round(round_state, metrics)
+
+    def run_round(self, round_index: int, executor: Executor) -> tuple[RoundState, dict[str, float]]:
+        """One round: its clients and accumulators (``begin_round``), the executor's clients' work,
+        then ``end_round``. Returns the round and its training metrics."""
+        round_state = self.begin_round(round_index)
+        executor.train(round_state)
+        with self.timed("aggregation"):
+            return round_state, self.end_round(round_state, executor)
+
+    def prepare_round(self, round_index: int, executor: Executor) -> None:
         """Server work before a round's clients are chosen: an estimation pass when the rule asks
-        (FedSoft, every τ rounds), whose actions apply at once."""
+        (FedSoft, every τ rounds; the executor scores the clients), whose actions apply at once."""
         state, rule = self.state.client_state, self.rule
         if not rule.capabilities.estimation or not rule.needs_estimation(round_index, state):
             return
-        if self.estimate is None:
-            raise RuntimeError(f"{type(rule).__name__} needs an estimation pass but none is wired")
-        estimates = self.estimate(round_index)
+        estimates = executor.estimate(round_index, state)
         self.apply(rule.after_estimation(ClientStoreView(state), estimates, round_index), [])
 
     def begin_round(self, round_index: int) -> RoundState:
-        """The round's clients, the global snapshot it starts from, and its accumulators."""
+        """The round's clients, the global snapshot it starts from, its accumulators, the clients
+        the server chose per cluster (a rule with server selection) and log C_{y,k} as the round
+        starts (a rule with label statistics)."""
         state, rule, sizes = self.state.client_state, self.rule, self.clients.train_sizes
         clients = self.schedule.clients(round_index)
         wants = vectors.vector_kind(rule, state)
@@ -196,12 +240,14 @@ class RoundDriver:
         )
         if rule.capabilities.server_selection:
             round_state.membership = rule.round_membership(round_index, state, sizes, self.plan.seed)
+        stats = label_statistics(rule, state)
+        round_state.log_label_stats = None if stats is None else stats.to(self.device)
         return round_state
 
-    def end_round(self, round_state: RoundState, reduce: Reduce | None = None) -> dict[str, float]:
-        """Close a round whose clients' work is in ``round_state``: ``reduce`` sums it over
-        processes (None: already complete), then the server step, the clients' reports into
-        the store, the rule's actions, the new global models into the working copies, the LR
+    def end_round(self, round_state: RoundState, executor: Executor) -> dict[str, float]:
+        """Close a round whose clients' work is in ``round_state``: the executor's ``reduce`` sums
+        it over processes (None: already complete), then the server step, the clients' reports
+        into the store, the rule's actions, the new global models into the working copies, the LR
         schedulers and the next round's preparation. Returns the round's training metrics.
 
         Rejected replies are warned about (each process its own); a round with fewer accepted
@@ -210,8 +256,8 @@ class RoundDriver:
         state, rule = self.state.client_state, self.rule
         for rejection in round_state.rejections:
             self.warn(rejection)
-        if reduce is not None:
-            round_state.reduce(reduce)
+        if executor.reduce is not None:
+            round_state.reduce(executor.reduce)
         check_sums(round_state)
         accepted, rejected = int(round_state.reported_slots().sum()), round_state.rejected_count()
         applied = accepted >= self.plan.min_clients_per_round
@@ -248,7 +294,7 @@ class RoundDriver:
             self.state.schedulers.step(round_state.round_index, metrics)
         following = round_state.round_index + 1
         if self.num_rounds is None or following < self.num_rounds:
-            self.prepare_round(following)
+            self.prepare_round(following, executor)
         return metrics
 
     def apply(self, actions: list[ServerAction], global_clusters: list[list[Tensor]]) -> None:

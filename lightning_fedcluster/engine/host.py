@@ -20,7 +20,35 @@ from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.optimizer_state import StateLayout
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import TrainingPlan
-from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.schedule import RoundSchedule
+
+
+class FederatedRun(Protocol):
+    """What the Lightning host reads of the federated strategy that runs it: the plan, the round
+    schedule, the data checks and the processes. The strategy hands itself in when the trainer
+    connects the module (``FederatedStrategy.connect``) and takes it back at teardown; the module
+    never pulls it from the trainer."""
+
+    @property
+    def num_clusters(self) -> int: ...
+
+    @property
+    def algorithm(self) -> Algorithm: ...
+
+    @property
+    def plan(self) -> TrainingPlan: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def global_rank(self) -> int: ...
+
+    def round_schedule(self, datamodule: Any) -> RoundSchedule: ...
+
+    def check_datamodule(self, datamodule: Any) -> None: ...
+
+    def reduce(self, tensor: Tensor, group: Any = None, reduce_op: Any = "mean") -> Tensor: ...
 
 
 class TrainingHost(Protocol):
@@ -30,7 +58,6 @@ class TrainingHost(Protocol):
     models: nn.ModuleList
     copies: ClusterCopies
     client_state: ClientState | None
-    round: RoundState | None
     rounds_trained: int
     task: str
     seed: int
@@ -39,7 +66,6 @@ class TrainingHost(Protocol):
     pass_rows: int
     stacked_pass_rows: int
     optimizer_layout: StateLayout | None
-    log_label_stats: Tensor | None
     trainer: Any  # Lightning's Trainer: its datamodule and state
 
     @property
@@ -68,8 +94,6 @@ class TrainingHost(Protocol):
 
     def evaluate_clusters(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]: ...
 
-    def round_steps(self, clients: list[int]) -> Tensor: ...
-
     def reduce_sum(self, tensor: Tensor) -> Tensor: ...
 
     def personal_copies(self) -> range: ...
@@ -79,5 +103,3 @@ class TrainingHost(Protocol):
     def mixture_prior(self) -> Tensor: ...
 
     def optimizers(self) -> Any: ...
-
-    def manual_backward(self, loss: Tensor) -> None: ...

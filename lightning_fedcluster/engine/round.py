@@ -31,7 +31,8 @@ ROSTER = ("reported", "rejected")  # per-client flags that a node's reply sends 
 
 
 class RoundState:
-    """The round ``round_index`` with ``clients`` [n] (slot i = clients[i]) of sizes ``sizes`` [n]."""
+    """The round ``round_index`` with ``clients`` [n] (slot i = clients[i]: a client's row in the
+    client store ``state``) of sizes ``sizes`` [n]."""
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class RoundState:
         limits: ReplyLimits | None = None,
     ) -> None:
         self.round_index = round_index
+        self.store = state  # the client store the round's clients read and report into
         self.clients = clients
         self.sizes = sizes
         self.global_clusters, self.global_shared = snapshot
@@ -79,6 +81,7 @@ class RoundState:
             RoundBuffer({"vectors": (n, optimizer_size)}, device, torch.float32) if buffered else None
         )
         self.membership: Tensor | None = None  # [M, K] clients chosen per cluster (server selection)
+        self.log_label_stats: Tensor | None = None  # log C_{y,k} as the round starts (label statistics)
         # The checks every client's work passes before it enters the sums (engine/reply_checks.py).
         self.limits = limits or ReplyLimits()
         self.active = state.active.clone()

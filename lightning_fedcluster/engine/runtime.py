@@ -1,12 +1,13 @@
 """What every client's turn shares, without a Trainer: the local setup (working copies, rule,
-task, seed, pass size, local step plan, device) and the local solver. The Lightning engine builds
-one ``ClientRuntime`` per fit (``ClientRuntime.of``, when the fit starts on its device) and its
-loop executor reuses it for every client; a Flower node builds its own once per run.
+task, seed, pass size, local step plan, device, the forward's precision context) and the local
+solver. A Lightning fit builds one ``ClientRuntime`` when it starts on its device and its
+executor reuses it for every client; a Flower node builds its own once per run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,17 +16,27 @@ from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.engine.copies import ClusterCopies
-from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.engine.losses import evaluate_models
 from lightning_fedcluster.engine.optimizer_state import StateLayout
 from lightning_fedcluster.engine.outputs import LogitsFrom
+
+Timer = Callable[[str], AbstractContextManager[None]]
+"""``timed(phase)``: a block whose wall time counts towards an engine phase ("e_step",
+"local_training", "aggregation", "evaluation": ``ClusteredModule.phase_seconds``, benchmarks)."""
+
+
+def untimed(phase: str) -> AbstractContextManager[None]:
+    return nullcontext()
 
 
 @dataclass
 class LocalSetup:
     """What every client's turn shares, without a Trainer: the K working copies, the rule, the
     task, the seed, the no-grad pass size, the local step plan (``batch_size`` with
-    ``local_steps`` cycling, or ``local_epochs`` passes with optional ``drop_last``) and where
-    the logits are in the models' output (``logits_from``)."""
+    ``local_steps`` cycling, or ``local_epochs`` passes with optional ``drop_last``), where
+    the logits are in the models' output (``logits_from``), the rows of the label statistics
+    (``num_classes``: the class count, 0 for regression) and the context every forward runs in
+    (``forward_context``: Lightning's precision plugin's, e.g. bfloat16 autocast)."""
 
     copies: ClusterCopies
     rule: Algorithm
@@ -37,10 +48,18 @@ class LocalSetup:
     drop_last: bool
     device: torch.device
     logits_from: LogitsFrom = None
+    num_classes: int = 0
+    forward_context: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     @property
     def models(self) -> nn.ModuleList:
         return self.copies.models
+
+    def evaluate(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
+        """Per-sample losses [N, K] (None without labels) and outputs [K, N, ...] of the K working
+        copies: one no-grad pass in the forward context."""
+        with self.forward_context():
+            return evaluate_models(self.models, x, y, self.task, self.pass_rows, self.logits_from)
 
 
 @dataclass
@@ -56,7 +75,8 @@ class LocalSolver:
 
     @classmethod
     def plain(cls, optimizer: torch.optim.Optimizer, layout: StateLayout | None = None) -> LocalSolver:
-        """Autograd and the optimizer itself (no Lightning)."""
+        """Autograd and the optimizer itself: every host's local steps (Lightning counts a round as
+        one step of its own optimizer wrapper, not the clients' steps)."""
         return cls(optimizer, optimizer.zero_grad, lambda loss: loss.backward(), optimizer.step, layout)
 
 
@@ -66,24 +86,3 @@ class ClientRuntime:
 
     setup: LocalSetup
     solver: LocalSolver
-
-    @classmethod
-    def of(cls, host: TrainingHost) -> ClientRuntime:
-        """The runtime of a Lightning fit: the host's working copies on its device, the plan's
-        local step plan, and Lightning's optimizer with ``manual_backward`` (so ``global_step``
-        counts client-steps)."""
-        plan = host.plan
-        assert plan is not None
-        setup = LocalSetup(
-            host.copies, plan.rule, host.task, host.seed, host.pass_rows, host.batch_size,
-            plan.local_epochs, plan.drop_last, host.device, host.logits_from,
-        )  # fmt: skip
-        optimizer = host.optimizers()
-        solver = LocalSolver(
-            optimizer.optimizer,
-            optimizer.zero_grad,
-            host.manual_backward,
-            optimizer.step,
-            host.optimizer_layout,
-        )
-        return cls(setup, solver)

@@ -1,10 +1,9 @@
-"""The round schedule: which clients take part in round t, how many local steps each runs,
-and which process simulates which client. A pure function of (seed, round), so every process
-and every resumed run agrees without communication."""
+"""The round schedule: which clients take part in round t and how many local steps each runs.
+A pure function of (seed, round), so every process and every resumed run agrees without
+communication."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -12,7 +11,6 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.seeds import CLIENT_SAMPLING, derive_seed
-from lightning_fedcluster.arguments import check_positive_int
 
 
 @dataclass(frozen=True)
@@ -21,10 +19,7 @@ class RoundSchedule:
 
     ``selector``: when the server chooses the round's clients from its state (FedSoft), a function
     round → sorted client ids, of at most ``clients_per_round`` clients; else a seeded uniform sample.
-    ``chunk_size``: None = one work item per (client, local step) (the loop executor); else one work
-    item per chunk of at most this many clients with all their steps (the vectorised executor).
-    Chunks are formed without regard to the process count, so every process count computes the
-    same chunks and gives the same weights.
+    Which process trains which of the round's clients is the executors' (``engine/executors/local.py``).
     """
 
     num_clients: int
@@ -32,11 +27,8 @@ class RoundSchedule:
     steps_per_client: Tensor
     seed: int = 0
     selector: Callable[[int], Tensor] | None = field(default=None, compare=False)
-    chunk_size: int | None = None
-    sizes: Tensor | None = field(default=None, compare=False)  # [M] samples per client: chunk order
 
     def __post_init__(self) -> None:
-        check_positive_int("chunk_size", self.chunk_size, allow_none=True)
         if not 1 <= self.clients_per_round <= self.num_clients:
             raise ValueError(
                 f"clients_per_round={self.clients_per_round} must be between 1 and the number of clients "
@@ -58,49 +50,6 @@ class RoundSchedule:
         generator = torch.Generator().manual_seed(derive_seed(self.seed, round_index, CLIENT_SAMPLING))
         chosen = torch.randperm(self.num_clients, generator=generator)[: self.clients_per_round]
         return chosen.sort().values
-
-    def items_per_rank(self, world_size: int) -> int:
-        """Fixed number of work items every process yields each round (ranks must agree: DDP)."""
-        if self.chunk_size is not None:
-            return math.ceil(math.ceil(self.clients_per_round / self.chunk_size) / world_size)
-        per_rank_clients = math.ceil(self.clients_per_round / world_size)
-        return per_rank_clients * int(self.steps_per_client.max())
-
-    def _by_decreasing_steps(self, clients: Tensor) -> list[int]:
-        """Slots of ``clients`` ordered by decreasing step count (ties by slot)."""
-        steps = self.steps_per_client[clients]
-        return sorted(range(len(clients)), key=lambda s: (-int(steps[s]), s))
-
-    def chunks(self, round_index: int) -> list[list[tuple[int, int]]]:
-        """The round's (slot, client) pairs in chunks of ``chunk_size``; clients with similar step
-        counts (then sizes) share a chunk, so little vectorised work is masked or padded away."""
-        if self.chunk_size is None:
-            raise ValueError("this schedule runs client by client (chunk_size=None)")
-        clients = self.clients(round_index)
-        steps = self.steps_per_client[clients].tolist()
-        sizes = [0] * len(clients) if self.sizes is None else self.sizes[clients].tolist()
-        # Decreasing steps, then decreasing size: a chunk's minibatches need little padding.
-        order = sorted(range(len(clients)), key=lambda s: (-steps[s], -sizes[s], s))
-        ordered = [(slot, int(clients[slot])) for slot in order]
-        return [ordered[i : i + self.chunk_size] for i in range(0, len(ordered), self.chunk_size)]
-
-    def chunk_assignment(self, round_index: int, world_size: int) -> list[list[list[tuple[int, int]]]]:
-        """The round's chunks dealt round-robin to the processes."""
-        chunks = self.chunks(round_index)
-        return [chunks[rank::world_size] for rank in range(world_size)]
-
-    def assignment(self, round_index: int, world_size: int) -> list[list[tuple[int, int]]]:
-        """(slot, client) pairs per rank; slot is the client's position in ``clients(round)``.
-
-        Clients are dealt round-robin in order of decreasing step count, which bounds every
-        rank by ``items_per_rank``.
-        """
-        clients = self.clients(round_index)
-        order = self._by_decreasing_steps(clients)
-        per_rank: list[list[tuple[int, int]]] = [[] for _ in range(world_size)]
-        for position, slot in enumerate(order):
-            per_rank[position % world_size].append((slot, int(clients[slot])))
-        return per_rank
 
 
 def local_steps_per_client(

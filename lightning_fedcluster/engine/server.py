@@ -1,12 +1,10 @@
 """The server's pieces of a round (``engine/federation.py`` runs them in order): store what the
-clients reported, what the rule's server step sees of the round, an estimation pass over every
-client, and the round's training metrics. No algorithm is named here."""
+clients reported, what the rule's server step sees of the round, and the round's training
+metrics (the estimation pass is the executors': ``engine/executors/local.py``). No algorithm is
+named here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import Algorithm
@@ -64,26 +62,6 @@ def round_outcome(round_state: RoundState, train_sizes: Tensor) -> RoundOutcome:
         train_sizes=train_sizes,
         vectors=vectors,
     )
-
-
-@torch.no_grad()
-def estimation_pass(
-    rule: Algorithm,
-    state: ClientState,
-    client_losses: Callable[[int], Tensor],
-    num_clients: int,
-    world: int,
-    rank: int,
-    reduce_sum: Callable[[Tensor], Tensor],
-    device: torch.device,
-) -> Tensor:
-    """Every client's estimate [M, K] (``rule.estimate`` on its training losses), the clients
-    split across processes and summed."""
-    estimates = torch.zeros(num_clients, state.num_clusters, dtype=torch.float64, device=device)
-    active = state.active.to(device)
-    for client in range(rank, num_clients, world):
-        estimates[client] = rule.estimate(client_losses(client), active)
-    return (reduce_sum(estimates) if world > 1 else estimates).cpu()
 
 
 def round_metrics(round_state: RoundState, state: ClientState, task: str) -> dict[str, float]:

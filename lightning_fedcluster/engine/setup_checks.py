@@ -26,23 +26,23 @@ FLAT_DATA_FIX = (
 LOSS_GROWTH_FACTOR = 100.0
 
 
-def check_training_setup(strategy: Any, datamodule: Any, num_clusters: int, datamodule_type: type) -> None:
-    """A federated strategy (one that builds a ``TrainingPlan``) and datamodule whose K agrees
-    with the module's."""
-    if not isinstance(getattr(type(strategy), "plan", None), property):
+def check_training_setup(run: Any, datamodule: Any, num_clusters: int, datamodule_type: type) -> None:
+    """A federated strategy handed in (``run``: one that builds a ``TrainingPlan``) and a
+    datamodule whose K agrees with the module's."""
+    if run is None:
         raise TypeError(
-            f"ClusteredModule trains, tests and predicts under a federated strategy, got "
-            f"{type(strategy).__name__}: pass the one it trained with, e.g. "
-            "Trainer(strategy=FedRCStrategy(num_clusters=3))"
+            "ClusteredModule trains, tests and predicts under a federated strategy, which hands it the run "
+            "when the trainer connects it; this trainer's strategy is not one: pass the one it trained with, "
+            "e.g. Trainer(strategy=FedRCStrategy(num_clusters=3))"
         )
     if not isinstance(datamodule, datamodule_type):
         raise TypeError(
             "ClusteredModule needs a FederatedDataModule: call trainer.fit(module, datamodule=dm) "
             "with dm built by FederatedDataModule.from_tensors(...) or e.g. DigitsFederated()"
         )
-    if strategy.num_clusters != num_clusters:
+    if run.num_clusters != num_clusters:
         raise ValueError(
-            f"the strategy has num_clusters={strategy.num_clusters} but the ClusteredModule holds "
+            f"the strategy has num_clusters={run.num_clusters} but the ClusteredModule holds "
             f"{num_clusters} cluster models: make them agree"
         )
 

@@ -1,6 +1,6 @@
 """A Flower node (the ClientApp's side): the partition of the datamodule's clients it holds, the
-K working copies, and one round of its sampled clients through the client contract with the
-loop executor's own turn functions (``engine/executors/loop.py``).
+K working copies, and one round of its sampled clients through the same local executor as a
+Lightning process's (``engine/executors/loop.py``: ``LoopExecutor``).
 
 What stays on the node, in ``context.state``: every client's ω, label sums, algorithm state
 (FedRC-Adam γ and moments), persistent optimizer state and FedSoft personal model. What it
@@ -24,23 +24,16 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
-from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.engine import server, vectors
-from lightning_fedcluster.engine.client import client_context
-from lightning_fedcluster.engine.evaluation import score
-from lightning_fedcluster.engine.executors.loop import (
-    LocalSetup,
-    LocalSolver,
-    end_turn,
-    start_personal,
-    start_turn,
-    turn_step,
-)
+from lightning_fedcluster.engine.evaluation import client_prediction, score
+from lightning_fedcluster.engine.executors.local import LocalClients, estimation_pass
+from lightning_fedcluster.engine.executors.loop import LoopExecutor
 from lightning_fedcluster.engine.federation import initial_client_state
-from lightning_fedcluster.engine.losses import evaluate_models, pass_rows
+from lightning_fedcluster.engine.losses import pass_rows
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
+from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
 from lightning_fedcluster.engine.schedule import local_steps_per_client
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
@@ -130,22 +123,26 @@ class NodeRuntime:
         self.copies = clustered.copies
         sample = datamodule.train_split(int(self.clients[0]))[0][:2]
         rows = pass_rows(clustered.models[0], sample, clustered.eval_batch_size)
-        self.pass_rows, self.logits_from = rows, clustered.logits_from
         self.setup = LocalSetup(
             self.copies, plan.rule, self.task, plan.seed, rows,
             datamodule.batch_size, plan.local_epochs, plan.drop_last, torch.device("cpu"),
-            clustered.logits_from,
+            clustered.logits_from, self.num_classes,
         )  # fmt: skip
         optimizer = flower_optimizer(clustered.models)
         layout = persistent_layout(clustered.models) if plan.optimizer_state == "persist" else None
         self.solver = LocalSolver.plain(optimizer, layout)
         sizes = datamodule.train_sizes
-        self.steps = local_steps_per_client(
+        steps = local_steps_per_client(
             sizes, datamodule.batch_size, plan.local_steps, plan.local_epochs, plan.drop_last
         )
         self.sizes = sizes[self.clients]
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), self.sizes.cumsum(0)])
         self.row = {int(c): r for r, c in enumerate(self.clients.tolist())}
+        # The node's clients by their row in its store; the same local executor as a Lightning process's.
+        splits = [datamodule.train_split(int(c)) for c in self.clients]
+        x, y = torch.cat([s[0] for s in splits]), torch.cat([s[1] for s in splits])
+        self.held = LocalClients(x, y, self.offsets, self.clients.clone(), steps[self.clients])
+        self.executor = LoopExecutor(ClientRuntime(self.setup, self.solver), self.held)
 
     # -- the node's client store ---------------------------------------------------------------
     def initial_state(self) -> ClientState:
@@ -204,7 +201,6 @@ class NodeRuntime:
             self.solver.optimizer, {k: v for k, v in info.items() if k.startswith("hyper.")}
         )
         state = self.load_state(context, info["active"])
-        log_label_stats = info.get("log_label_stats")
         rows = torch.tensor([self.row[c] for c in clients], dtype=torch.long)
         take_pushed(state, info, rows)
         layout = self.solver.layout
@@ -215,35 +211,13 @@ class NodeRuntime:
             limits=self.plan.reply_limits,
         )  # fmt: skip
         round_state.membership = info.get("membership")
+        round_state.log_label_stats = info.get("log_label_stats")
         self.copies.models.train()
-        for slot, (client, row) in enumerate(zip(clients, rows.tolist(), strict=True)):
-            self.train_client(round_state, state, client, row, slot, log_label_stats)
+        self.executor.train(round_state)
         send_vectors = vectors.vector_kind(self.plan.rule, state) in SERVER_VECTORS
         server.record_round(self.plan.rule, state, round_state, self.offsets)
         context.state[STATE_KEY] = records.state_record(state)
         return self.reply(round_state, clients, send_vectors)
-
-    def train_client(
-        self,
-        round_state: RoundState,
-        state: ClientState,
-        client: int,
-        row: int,
-        slot: int,
-        log_label_stats: Tensor | None,
-    ) -> None:
-        x, y = self.datamodule.train_split(client)
-        context = client_context(
-            self.plan.rule, state, client, round_state.round_index, num_samples=x.shape[0],
-            num_classes=self.num_classes, sample_rows=(int(self.offsets[row]), int(self.offsets[row + 1])),
-            seed=self.plan.seed, device=self.setup.device, row=row, membership=round_state.membership,
-        )  # fmt: skip
-        stored = (state.optimizer.get(row), state.optimizer_started[row])
-        turn = start_turn(self.setup, self.solver, round_state, x, y, context, slot, log_label_stats, stored)
-        start_personal(self.setup, turn, round_state, state, row)  # FedSoft: kept on the node
-        for step in range(int(self.steps[client])):
-            turn_step(self.setup, self.solver, turn, step, round_state.global_clusters)
-        end_turn(self.setup, self.solver, turn, round_state, state)
 
     @staticmethod
     def reply(round_state: RoundState, clients: list[int], send_vectors: bool) -> RecordDict:
@@ -267,11 +241,7 @@ class NodeRuntime:
         sections = records.unpack(content)
         self.copies.load(records.tensors_snapshot(sections["globals"], self.plan.num_clusters))
         active = sections["server"]["active"].to(torch.bool)
-        estimates = torch.zeros(len(self.clients), self.plan.num_clusters, dtype=torch.float64)
-        for row, client in enumerate(self.clients.tolist()):
-            x, y = self.datamodule.train_split(client)
-            losses = evaluate_models(self.copies.models, x, y, self.task, self.pass_rows, self.logits_from)[0]
-            estimates[row] = self.plan.rule.estimate(losses, active)
+        estimates = estimation_pass(self.setup, self.held, active)
         found = {"clients": self.clients.clone(), "estimates": estimates}
         return records.pack({"estimates": found})
 
@@ -298,18 +268,14 @@ class NodeRuntime:
         return records.pack({"evaluation": {"sums": sums}})
 
     def client_prediction(self, state: ClientState, row: int, x: Tensor, snapshot: Any) -> Tensor:
-        """A client's prediction as the Lightning engine's validation makes it: its personal model
-        when it has one (FedSoft), else the mixture of the K models with its prediction weights."""
+        """A client's prediction as the Lightning engine's validation makes it
+        (``engine/evaluation.py``'s ``client_prediction``)."""
         personal = state.personal.get(row) if self.plan.rule.capabilities.personal_models else None
-        if personal is not None:
-            self.copies.write_vector(
-                personal, vectors.personal_copies(self.plan.rule, self.plan.num_clusters)
-            )
-        outputs = evaluate_models(self.copies.models, x, None, self.task, self.pass_rows, self.logits_from)[1]
-        if personal is not None:
-            self.copies.load(snapshot)
-            return outputs[0]
-        return mixture_probabilities(outputs, self.plan.rule.prediction_weights(state.omega[row]))
+        personal_copies = vectors.personal_copies(self.plan.rule, self.plan.num_clusters)
+        return client_prediction(
+            self.plan.rule, self.copies, lambda rows: self.setup.evaluate(rows)[1], x, state.omega[row],
+            personal, personal_copies, snapshot,
+        )  # fmt: skip
 
     def restore(self, content: RecordDict, context: Context) -> RecordDict:
         """The server's rows of this node's clients (ω, label sums, participation, per-client

@@ -100,8 +100,13 @@ def resume_from(server: Any, driver: RoundDriver, path: str | os.PathLike) -> in
     server.solver.load_state_dict(saved["solver"])
     for entry, scheduler in zip(state.schedulers.entries, saved["schedulers"], strict=True):
         entry.scheduler.load_state_dict(scheduler)
-    server.pushed = set(saved["pushed"])
+    server.found.pushed.clear()
+    server.found.pushed.update(saved["pushed"])
     driver.first_loss, driver.chance_rounds = saved["checks"]["first_loss"], saved["checks"]["chance_rounds"]
-    server.metrics, server.dropped, server.rejected = saved["metrics"], saved["dropped"], saved["rejected"]
+    server.metrics = saved["metrics"]
+    server.found.dropped.clear()
+    server.found.dropped.update(saved["dropped"])
+    server.found.rejected.clear()
+    server.found.rejected.update(saved["rejected"])
     log.info("resuming from %s after round %d of %d", Path(path), saved["round"] + 1, server.num_rounds)
     return int(saved["round"]) + 1

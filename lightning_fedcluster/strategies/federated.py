@@ -99,7 +99,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             models without random layers or running statistics, not for FedSoft, D-FedEM,
             FeSEM/WeCFL, CFL or shared layers), or "auto" (vectorised where supported and the
             model is all ``nn.Linear`` layers, where it is measured faster; else the loop).
-        clients_per_chunk: clients per vectorised work item (default 64, fewer for large models).
+        clients_per_chunk: clients the vectorised executor trains together (default 64, fewer
+            for large models).
         optimizer_state: "reset" (every client's local optimizer starts afresh each round) or
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
             rounds on the CPU, as the FedRC authors' code does; memory clients × K × parameters
@@ -214,9 +215,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         self.logits_from = check_logits_from(logits_from)
         self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
         self.min_clients_per_round = min_clients_per_round
-        # Set by the ClusteredModule once it has resolved the executor (None: the loop).
-        self.chunk_size: int | None = None
-        self._schedule: tuple[tuple[int, int | None], RoundSchedule] | None = None
+        self._schedule: tuple[int, RoundSchedule] | None = None
         # The plain module last wrapped by ``connect`` and its ClusteredModule (reused for that module;
         # references, not a weakref, so that the strategy stays picklable for spawned processes).
         self._wrapped: tuple[pl.LightningModule, pl.LightningModule] | None = None
@@ -306,7 +305,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         """The round schedule for ``datamodule`` (cached per datamodule). A server that selects
         clients from the client store (FedSoft) reads ``client_state()``: the trained module's by
         default, the Flower server's own otherwise."""
-        key = (id(datamodule), self.chunk_size)
+        key = id(datamodule)
         if self._schedule is None or self._schedule[0] != key:
             steps = local_steps_per_client(
                 datamodule.train_sizes,
@@ -326,8 +325,6 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
                 steps,
                 self.seed,
                 selector=selector,
-                chunk_size=self.chunk_size,
-                sizes=datamodule.train_sizes,
             )
             self._schedule = (key, schedule)
         return self._schedule[1]
@@ -368,7 +365,15 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
                 f"the strategy has logits_from={self.logits_from!r} but the ClusteredModule was built with "
                 f"logits_from={model.logits_from!r}: set it in one place"
             )
+        model.federated = self  # what the module reads of this strategy (engine/host.py FederatedRun)
         super().connect(model)
+
+    def teardown(self) -> None:
+        """DDPStrategy's teardown; the module no longer runs under this strategy."""
+        module = self.lightning_module
+        super().teardown()
+        if module is not None and getattr(module, "federated", None) is self:
+            module.federated = None
 
     def _wrap(self, model: pl.LightningModule) -> pl.LightningModule:
         """The ClusteredModule around a plain LightningModule: the one this strategy built for that

@@ -1,10 +1,11 @@
 """Which ``Trainer(precision=...)`` the federated strategies train with (checked at setup).
 
 - "32-true" (the default) and "bf16-mixed" train. With "bf16-mixed" every forward the engine
-  makes runs under Lightning's autocast: a client's E-step and local steps inside
-  ``training_step`` (loop executor); evaluation inside ``validation_step``/``test_step``; and the
+  makes runs under Lightning's autocast: the whole round inside ``training_step`` (the clients'
+  E-steps and local steps); evaluation inside ``validation_step``/``test_step``; and the
   passes that run in hooks (the estimation pass at fit start, inference) through
-  ``ClusteredModule.evaluate_clusters``, which enters the plugin's ``forward_context``. Weights,
+  ``LocalSetup.evaluate`` and ``ClusteredModule.evaluate_clusters``, which enter the plugin's
+  ``forward_context``. Weights,
   gradients, the optimizer, aggregation and the E-step's arithmetic stay float32/float64; the
   logits are read back as float32 (``engine/outputs.py``). The vectorised executor refuses it
   (``engine/executors/select.py``): ``vmap`` applies no autocast to its no-grad E-step pass.

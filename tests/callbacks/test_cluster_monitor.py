@@ -227,15 +227,15 @@ def test_logger_false_gives_no_no_logger_warnings() -> None:
 
 @pytest.mark.parametrize("executor", ["loop", "vectorized"])
 def test_every_scalar_and_figure_of_a_run_has_the_round_as_its_step(small_digits, tmp_path, executor):
-    """The test scores (logged by Lightning's logger connector, whose default step is the count of
-    client-steps: 4 rounds x 6 clients x 2 steps = 48 with the loop executor) and the round metrics
-    (ClusterMonitor) share one axis, the round; a run that does not end on a validation round
+    """The test scores (logged by Lightning's logger connector at the rounds the tested models
+    trained) and the round metrics (ClusterMonitor) share one axis, the round, which is also
+    Lightning's global_step (one step per round); a run that does not end on a validation round
     gets its cluster figures at its last round too."""
     logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
     trainer = make_trainer(FedRCStrategy(3, clients_per_round=6, local_steps=2, executor=executor),
                            max_epochs=4, logger=logger, check_val_every_n_epoch=3)  # fmt: skip
     trainer.fit(MLPClassifier(lr=0.2), datamodule=small_digits)
-    assert trainer.global_step > 4
+    assert trainer.global_step == 4  # one step per round, on both executors
     results = trainer.test(trainer.lightning_module, datamodule=small_digits, verbose=False)[0]
     assert results["step"] == 4.0  # the rounds the tested models trained
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})

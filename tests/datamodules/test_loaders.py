@@ -7,7 +7,6 @@ import torch
 
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.datamodules.loaders import NO_CLIENT, EvaluationSampler, RoundSampler
-from lightning_fedcluster.engine.schedule import RoundSchedule
 
 
 def pair(n: int, label: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,14 +46,14 @@ def test_evaluation_items_are_dealt_across_processes_and_padded(datamodule) -> N
     assert sum(item.is_padding for share in shares for item in share) == 2
 
 
-def test_round_items_cover_every_local_step_once_on_any_process_count() -> None:
-    schedule = RoundSchedule(num_clients=4, clients_per_round=4, steps_per_client=torch.tensor([2, 1, 3, 1]))
+def test_a_round_is_one_batch_on_every_process_read_when_iteration_starts() -> None:
+    current = [5]
     for world in (1, 2, 3):
-        shares = [list(RoundSampler(schedule, lambda: 5, num_replicas=world, rank=r)) for r in range(world)]
-        assert len({len(share) for share in shares}) == 1  # every process runs as many items
-        steps = sorted((s.client, s.step) for share in shares for s in share if not s.is_padding)
-        assert steps == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0)]
-        assert all(s.round == 5 for share in shares for s in share)  # the round comes from round_source
+        samplers = [RoundSampler(lambda: current[0], num_replicas=world, rank=r) for r in range(world)]
+        assert [len(s) for s in samplers] == [1] * world  # every process runs one batch per epoch
+        assert [[b.round_index for b in s] for s in samplers] == [[5]] * world
+    current[0] = 6  # the round is read from the module when the epoch's iteration starts
+    assert [b.round_index for b in samplers[0]] == [6]
 
 
 def test_training_without_a_federated_strategy_is_refused(datamodule) -> None:

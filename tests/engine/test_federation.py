@@ -10,15 +10,9 @@ from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.algorithms.actions import CopyCluster, Note, Reassign, RemoveClusters
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.copies import local_solver
-from lightning_fedcluster.engine.executors.loop import (
-    LocalSetup,
-    LocalSolver,
-    end_turn,
-    start_turn,
-    turn_step,
-)
+from lightning_fedcluster.engine.executors.local import LocalClients
+from lightning_fedcluster.engine.executors.loop import LoopExecutor
 from lightning_fedcluster.engine.federation import (
     ClientDirectory,
     RoundDriver,
@@ -27,6 +21,7 @@ from lightning_fedcluster.engine.federation import (
 )
 from lightning_fedcluster.engine.losses import pass_rows
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
+from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
 from lightning_fedcluster.engine.schedulers import RoundSchedulers
 from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
 from lightning_fedcluster.models import MLPClassifier
@@ -47,8 +42,8 @@ def _datamodule() -> DigitsFederated:
 
 
 def _trainer_free_fit() -> tuple[lf.ClusteredModule, object]:
-    """The rounds of a FedRC fit with no Trainer: the driver for the server, the loop executor's
-    turn functions for the clients (plain autograd and the user's own optimizer)."""
+    """The rounds of a FedRC fit with no Trainer: ``RoundDriver.run`` with the loop executor over
+    every client's data (plain autograd and the user's own optimizer)."""
     strategy, dm = _strategy(), _datamodule()
     plan = strategy.plan
     module = lf.ClusteredModule(MLPClassifier(lr=0.05), plan.num_clusters, seed=plan.seed)
@@ -56,39 +51,31 @@ def _trainer_free_fit() -> tuple[lf.ClusteredModule, object]:
     state = initial_client_state(plan, dm.num_clients, dm.num_classes, samples)
     optimizer, _ = local_solver(module.models)
     layout = persistent_layout(module.models)
-    solver = LocalSolver.plain(optimizer, layout)
+    schedule = strategy.round_schedule(dm)
     driver = RoundDriver(
         plan,
         ServerState(module.copies, state, None, RoundSchedulers()),
-        strategy.round_schedule(dm),
+        schedule,
         ClientDirectory(dm.train_sizes, dm.num_classes, "classification"),
         optimizer_size=layout.size,
+        optimizer_in_store=True,
         num_rounds=ROUNDS,
     )
     sample = dm.train_split(0)[0][:2]
     rows = pass_rows(module.models[0], sample, module.eval_batch_size)
     setup = LocalSetup(
         module.copies, plan.rule, "classification", plan.seed, rows, dm.batch_size, None, False,
-        torch.device("cpu"),
+        torch.device("cpu"), num_classes=dm.num_classes,
     )  # fmt: skip
-    offsets = dm.train_offsets
+    clients = LocalClients(
+        dm.train_x, dm.train_y, dm.train_offsets, torch.arange(dm.num_clients), schedule.steps_per_client
+    )
+    executor = LoopExecutor(ClientRuntime(setup, LocalSolver.plain(optimizer, layout)), clients)
     module.models.train()
-    for round_index in range(ROUNDS):
-        round_state = driver.begin_round(round_index)
-        stats = plan.rule.log_label_stats(state)
-        for slot, client in enumerate(round_state.clients.tolist()):
-            x, y = dm.train_split(client)
-            context = client_context(
-                plan.rule, state, client, round_index, num_samples=x.shape[0], num_classes=dm.num_classes,
-                sample_rows=(int(offsets[client]), int(offsets[client + 1])), seed=plan.seed,
-                membership=round_state.membership, device=torch.device("cpu"),
-            )  # fmt: skip
-            stored = (state.optimizer.get(client), state.optimizer_started[client])
-            turn = start_turn(setup, solver, round_state, x, y, context, slot, stats, stored)
-            for step in range(plan.local_steps):
-                turn_step(setup, solver, turn, step, round_state.global_clusters)
-            end_turn(setup, solver, turn, round_state, state)
-        driver.end_round(round_state)
+    rounds: list[int] = []
+    driver.prepare_round(0, executor)
+    driver.run(executor, range(ROUNDS), lambda round_state, metrics: rounds.append(round_state.round_index))
+    assert rounds == list(range(ROUNDS))
     return module, state
 
 

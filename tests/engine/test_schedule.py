@@ -70,50 +70,6 @@ def test_invalid_clients_per_round(clients_per_round: int) -> None:
         schedule(num_clients=30, clients_per_round=clients_per_round)
 
 
-# --- assignment of clients to ranks ------------------------------------------------------------
-
-
-STEPS = [3, 7, 1, 4, 4, 9, 2, 6, 5, 8, 1, 3]  # heterogeneous local steps, 12 clients
-
-
-@pytest.mark.parametrize("round_index", [0, 1, 5])
-def test_assignment_covers_round_clients_and_respects_capacity(round_index: int) -> None:
-    sched = schedule(num_clients=12, clients_per_round=7, steps=STEPS, seed=5)
-    clients = sched.clients(round_index).tolist()
-    reference = None
-    for world in (1, 2, 3, 4, 7, 10):
-        per_rank = sched.assignment(round_index, world)
-        assert len(per_rank) == world
-        pairs = [pair for rank in per_rank for pair in rank]
-        # every slot exactly once, and slot s is the s-th client of the round
-        assert sorted(slot for slot, _ in pairs) == list(range(7))
-        assert all(clients[slot] == client for slot, client in pairs)
-        capacity = sched.items_per_rank(world)
-        assert capacity == math.ceil(7 / world) * 9
-        for rank in per_rank:
-            assert sum(STEPS[client] for _, client in rank) <= capacity
-            assert len(rank) <= math.ceil(7 / world)
-        # the same (slot, client) pairs whatever the world size
-        if reference is None:
-            reference = sorted(pairs)
-        assert sorted(pairs) == reference
-
-
-def test_assignment_single_rank_orders_by_decreasing_steps() -> None:
-    sched = schedule(num_clients=12, clients_per_round=12, steps=STEPS)
-    (only,) = sched.assignment(0, 1)
-    # all clients take part, so slot == client; ties keep the lower slot first
-    assert [client for _, client in only] == [5, 9, 1, 7, 8, 3, 4, 0, 11, 6, 2, 10]
-    assert sched.items_per_rank(1) == 12 * 9
-    # round-robin dealing of that order over 3 ranks
-    per_rank = sched.assignment(0, 3)
-    assert [[client for _, client in rank] for rank in per_rank] == [
-        [5, 7, 4, 6],
-        [9, 8, 0, 2],
-        [1, 3, 11, 10],
-    ]
-
-
 # --- local steps ---------------------------------------------------------------------------------
 
 

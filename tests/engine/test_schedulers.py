@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.engine.executors import loop as loop_executor
 from lightning_fedcluster.engine.executors import vectorized as vectorized_executor
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
@@ -57,15 +58,11 @@ def only(values: set[float]) -> float:
     return value
 
 
-class UsedLR(pl.Callback):
-    """The lr of every loop-executor optimizer step and the round's training loss, per round."""
+class RoundLoss(pl.Callback):
+    """The round's training loss, per round."""
 
     def __init__(self) -> None:
-        self.lrs: dict[int, set[float]] = {}
         self.losses: list[float] = []
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self.lrs.setdefault(trainer.current_epoch, set()).add(optimizer.param_groups[0]["lr"])
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.losses.append(pl_module.round_metrics["train/loss"])
@@ -88,35 +85,42 @@ def _fit(model, dm, executor: str, rounds: int = ROUNDS, **options) -> pl.Traine
 
 
 @pytest.fixture
-def vectorized_lrs(monkeypatch) -> dict[int, set[float]]:
-    """The lr the vectorised executor's local SGD actually runs with, per round."""
-    used: dict[int, set[float]] = {}
+def used_lrs(monkeypatch) -> dict[str, dict[int, set[float]]]:
+    """The lr every local step actually runs with, per executor and round: the loop executor's
+    optimizer steps and the vectorised executor's local SGD."""
+    used: dict[str, dict[int, set[float]]] = {"loop": {}, "vectorized": {}}
     current = {"round": -1}
-    local_sgd, run_chunk = vectorized_executor.local_sgd, vectorized_executor.VectorizedExecutor.run_chunk
+    local_sgd, turn_step = vectorized_executor.local_sgd, loop_executor.turn_step
 
     def local_sgd_spy(template, params, buffers, batches, config, **kwargs):
-        used.setdefault(current["round"], set()).add(config.lr)
+        used["vectorized"].setdefault(current["round"], set()).add(config.lr)
         return local_sgd(template, params, buffers, batches, config, **kwargs)
 
-    def run_chunk_spy(self, module, item):
-        current["round"] = item.round
-        return run_chunk(self, module, item)
+    def turn_step_spy(setup, solver, *args, **kwargs):
+        used["loop"].setdefault(current["round"], set()).add(solver.optimizer.param_groups[0]["lr"])
+        return turn_step(setup, solver, *args, **kwargs)
 
+    for executor in (loop_executor.LoopExecutor, vectorized_executor.VectorizedExecutor):
+
+        def train_spy(self, round_state, train=executor.train):
+            current["round"] = round_state.round_index
+            return train(self, round_state)
+
+        monkeypatch.setattr(executor, "train", train_spy)
     monkeypatch.setattr(vectorized_executor, "local_sgd", local_sgd_spy)
-    monkeypatch.setattr(vectorized_executor.VectorizedExecutor, "run_chunk", run_chunk_spy)
+    monkeypatch.setattr(loop_executor, "turn_step", turn_step_spy)
     return used
 
 
 @pytest.mark.parametrize("model_type", [ListScheduled, DictScheduled])
-def test_the_lr_of_round_t_is_the_schedule_at_t_on_both_executors(dm, model_type, vectorized_lrs):
-    used = UsedLR()
-    loop = _fit(model_type(lr=LR), dm, "loop", callbacks=[used])
+def test_the_lr_of_round_t_is_the_schedule_at_t_on_both_executors(dm, model_type, used_lrs):
+    loop = _fit(model_type(lr=LR), dm, "loop")
     vectorized = _fit(model_type(lr=LR), dm, "vectorized")
     expected = [schedule(model_type, t) for t in range(ROUNDS)]
-    assert sorted(used.lrs) == sorted(vectorized_lrs) == list(range(ROUNDS))
+    assert sorted(used_lrs["loop"]) == sorted(used_lrs["vectorized"]) == list(range(ROUNDS))
     for t in range(ROUNDS):
-        assert only(used.lrs[t]) == pytest.approx(expected[t], rel=1e-6), t
-        assert only(vectorized_lrs[t]) == pytest.approx(expected[t], rel=1e-6), t
+        assert only(used_lrs["loop"][t]) == pytest.approx(expected[t], rel=1e-6), t
+        assert only(used_lrs["vectorized"][t]) == pytest.approx(expected[t], rel=1e-6), t
     for a, b in zip(
         loop.lightning_module.parameters(), vectorized.lightning_module.parameters(), strict=True
     ):
@@ -142,8 +146,8 @@ def test_resume_continues_the_schedule_bit_identically(dm, executor, tmp_path):
     assert resumed.optimizers[0].param_groups[0]["lr"] == LR * 0.5**ROUNDS
 
 
-def test_reduce_on_plateau_steps_each_round_with_the_round_training_loss(dm):
-    used = UsedLR()
+def test_reduce_on_plateau_steps_each_round_with_the_round_training_loss(dm, used_lrs):
+    used = RoundLoss()
     _fit(Plateau(lr=LR), dm, "loop", callbacks=[used])
     reference = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=LR)
     plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(reference, mode="max", factor=0.5, patience=0)
@@ -152,7 +156,7 @@ def test_reduce_on_plateau_steps_each_round_with_the_round_training_loss(dm):
         expected.append(reference.param_groups[0]["lr"])
         plateau.step(loss)
     assert len(used.losses) == ROUNDS
-    assert [only(used.lrs[t]) for t in range(ROUNDS)] == pytest.approx(expected)
+    assert [only(used_lrs["loop"][t]) for t in range(ROUNDS)] == pytest.approx(expected)
     assert len(set(expected)) > 1  # it did reduce
 
 

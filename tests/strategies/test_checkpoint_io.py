@@ -49,15 +49,15 @@ def test_the_strategy_writes_verified_checkpoints_unless_given_its_own_io(tmp_pa
     own = TorchCheckpointIO()
     assert strategy(checkpoint_io=own).checkpoint_io is own
     fit_with_checkpoints(tmp_path)
-    saved = torch.load(tmp_path / "epoch=1-step=16.ckpt", weights_only=False)
+    saved = torch.load(tmp_path / "epoch=1-step=2.ckpt", weights_only=False)
     assert saved[HASH_KEY].startswith("sha256:")
-    assert verified_files.verify(saved, tmp_path / "epoch=1-step=16.ckpt")
+    assert verified_files.verify(saved, tmp_path / "epoch=1-step=2.ckpt")
     assert not list(tmp_path.glob(".*.tmp")), "no temporary file is left"
 
 
 def test_a_checkpoint_with_a_changed_weight_is_refused_naming_the_last_good_one(tmp_path):
     trainer = fit_with_checkpoints(tmp_path)
-    bad, good = tmp_path / "epoch=1-step=16.ckpt", tmp_path / "epoch=0-step=8.ckpt"
+    bad, good = tmp_path / "epoch=1-step=2.ckpt", tmp_path / "epoch=0-step=1.ckpt"
     weight = trainer.lightning_module.models[0].net[0].weight.detach()[0, 20:24].numpy().tobytes()
     data = bytearray(bad.read_bytes())
     data[data.index(weight) + 1] ^= 0x40
@@ -77,7 +77,7 @@ def test_a_truncated_checkpoint_is_refused_by_name(tmp_path):
     last.write_bytes(last.read_bytes()[: 69_632 % last.stat().st_size])
     with pytest.raises(CorruptCheckpointError, match="cannot be read as a checkpoint.*truncated") as error:
         resume(last)
-    assert str(last) in str(error.value) and "epoch=0-step=8.ckpt" in str(error.value)
+    assert str(last) in str(error.value) and "epoch=0-step=1.ckpt" in str(error.value)
 
 
 def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -1,11 +1,10 @@
-"""The loop executor: one client at a time on the K working copies, one Lightning work item per
-local step, the user's own optimizer as the local solver. General (any model, any optimizer,
-every algorithm); the vectorised executor is faster for small dense models.
+"""The loop executor: one client at a time on the K working copies, the user's own optimizer as
+the local solver. General (any model, any optimizer, every algorithm); the vectorised executor is
+faster for small dense models.
 
 A client's turn (``start_turn``, ``start_personal``, ``turn_step``, ``end_turn``) needs no
-Trainer: the loop executor runs it with Lightning's optimizer and ``manual_backward`` (so
-``global_step`` counts client-steps), a Flower node (``lightning_fedcluster.flower``) with plain
-autograd."""
+Trainer; ``LoopExecutor.train_client`` runs it, for a Lightning process's clients and a Flower
+node's alike, with plain autograd and the optimizer itself."""
 
 from __future__ import annotations
 
@@ -31,14 +30,19 @@ from lightning_fedcluster.engine.client import (
     train_metric_sums,
 )
 from lightning_fedcluster.engine.copies import ClusterCopies, local_optimizer
+from lightning_fedcluster.engine.executors.local import (
+    LocalClients,
+    Processes,
+    client_share,
+    estimation_pass,
+)
 from lightning_fedcluster.engine.host import TrainingHost
-from lightning_fedcluster.engine.losses import evaluate_models, per_sample_loss
+from lightning_fedcluster.engine.losses import per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import load_state, read_state
 from lightning_fedcluster.engine.outputs import LogitsFrom
-from lightning_fedcluster.engine.round import RoundState
-from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
+from lightning_fedcluster.engine.round import Reduce, RoundState
+from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver, Timer, untimed
 from lightning_fedcluster.engine.schedule import derive_seed, epoch_batch
-from lightning_fedcluster.engine.work_items import ClientStep
 
 
 class Copies(Protocol):
@@ -126,7 +130,7 @@ def start_turn(
         solver.optimizer.state.clear()
     else:
         load_state(solver.optimizer, solver.layout, *stored)
-    losses, outputs = evaluate_models(setup.models, x, y, setup.task, setup.pass_rows, setup.logits_from)
+    losses, outputs = setup.evaluate(x, y)
     offsets = torch.tensor([0, x.shape[0]])
     (work,) = prepare(setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed, outputs)
     work.order = work.order.to(setup.device)
@@ -220,62 +224,56 @@ def end_turn(
 
 
 class LoopExecutor:
-    """Runs the work items (client, local step) of a round on the module's working copies: a
-    client's turn with Lightning's optimizer and ``manual_backward``, through the fit's
-    ``ClientRuntime`` (built once, at fit start)."""
+    """The loop executor: this process's share of a round's clients, one at a time on the K
+    working copies (``train_client``, the one client-step loop of every host: a Lightning
+    process's clients and a Flower node's), and the estimation pass over its clients."""
 
-    def __init__(self) -> None:
-        self.turn: ClientTurn | None = None
-        self.runtime: ClientRuntime | None = None
+    def __init__(
+        self,
+        runtime: ClientRuntime,
+        clients: LocalClients,
+        processes: Processes | None = None,
+        timed: Timer = untimed,
+    ) -> None:
+        self.runtime, self.clients, self.timed = runtime, clients, timed
+        self.processes = processes or Processes()
+        self.trained: list[tuple[int, int]] = []  # (round, client id) this process trained last round
 
-    def bind(self, runtime: ClientRuntime) -> None:
-        """Use ``runtime`` for this fit's clients (a new fit binds its own)."""
-        self.runtime, self.turn = runtime, None
+    @property
+    def reduce(self) -> Reduce | None:
+        return self.processes.reduce
 
-    def run_item(self, module: TrainingHost, item: ClientStep) -> None:
-        if item.step == 0:
-            with module.timed("e_step"):
-                self.start_client(module, item)
-        with module.timed("local_training"):
-            self.local_step(module, item)
-        if item.step == item.num_steps - 1:
-            with module.timed("aggregation"):
-                self.finish_client(module)
+    def train(self, round_state: RoundState) -> None:
+        """This process's share of the round's clients (``client_share``), each through
+        ``train_client``."""
+        steps = self.clients.steps[round_state.clients]
+        share = client_share(steps, self.processes)
+        ids = self.clients.ids[round_state.clients[share]].tolist() if share else []
+        self.trained = [(round_state.round_index, int(client)) for client in ids]
+        for slot in share:
+            self.train_client(round_state, slot)
 
-    def start_client(self, module: TrainingHost, item: ClientStep) -> None:
-        """The client contract's first half for one client (``start_turn``), then its personal
-        model into the trained copy when the plan asks."""
-        client, state, round_state, runtime = item.client, module.client_state, module.round, self.runtime
-        assert state is not None and round_state is not None and runtime is not None
-        x, y = module.split("train", client)
-        context = module.client_context(client, item.round, x.shape[0])
-        stored = (state.optimizer.get(client), state.optimizer_started[client])
-        turn = start_turn(
-            runtime.setup,
-            runtime.solver,
-            round_state,
-            x,
-            y,
-            context,
-            item.slot,
-            module.log_label_stats,
-            stored,
-        )
-        start_personal(runtime.setup, turn, round_state, state, client)
-        self.turn = turn
+    def train_client(self, round_state: RoundState, slot: int) -> None:
+        """The client in ``slot``: the client contract's first half (``start_turn``, then its
+        personal model into the trained copy when the plan asks), its local steps, and its
+        contributions and report into the round (``end_turn``)."""
+        setup, solver, state = self.runtime.setup, self.runtime.solver, round_state.store
+        row = int(round_state.clients[slot])
+        x, y = self.clients.split(row)
+        with self.timed("e_step"):
+            context = self.clients.context(setup, round_state, row, setup.num_classes)
+            stored = (state.optimizer.get(row), state.optimizer_started[row])
+            stats = round_state.log_label_stats
+            turn = start_turn(setup, solver, round_state, x, y, context, slot, stats, stored)
+            start_personal(setup, turn, round_state, state, row)
+        with self.timed("local_training"):
+            for step in range(int(self.clients.steps[row])):
+                turn_step(setup, solver, turn, step, round_state.global_clusters)
+        with self.timed("aggregation"):
+            end_turn(setup, solver, turn, round_state, state)
 
-    def local_step(self, module: TrainingHost, item: ClientStep) -> None:
-        turn, runtime = self.turn, self.runtime
-        assert turn is not None and runtime is not None and module.round is not None
-        assert turn.work.client == item.client
-        turn_step(runtime.setup, runtime.solver, turn, item.step, module.round.global_clusters)
-
-    def finish_client(self, module: TrainingHost) -> None:
-        """The client's contributions into the round's sums, and its report."""
-        turn, round_state, state, runtime = self.turn, module.round, module.client_state, self.runtime
-        assert turn is not None and round_state is not None and state is not None and runtime is not None
-        end_turn(runtime.setup, runtime.solver, turn, round_state, state)
-        self.turn = None
+    def estimate(self, round_index: int, state: ClientState) -> Tensor:
+        return estimation_pass(self.runtime.setup, self.clients, state.active, self.processes, self.timed)
 
 
 def finetune(module: TrainingHost, client: int, epochs: int, log_label_stats: Tensor | None) -> Tensor:

@@ -111,7 +111,7 @@ def choose_executor(requested: str, module: TrainingHost, x: Tensor, y: Tensor) 
 
 
 def chunk_size_for(module: TrainingHost, requested: int | None) -> int:
-    """Clients per vectorised work item: ``requested``, else the default bounded by memory."""
+    """Clients per vectorised chunk: ``requested``, else the default bounded by memory."""
     if requested is not None:
         return requested
     per_client = (

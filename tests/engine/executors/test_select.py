@@ -9,7 +9,6 @@ from torch import nn
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.engine.schedule import RoundSchedule
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 
@@ -55,7 +54,7 @@ def test_auto_picks_the_vectorized_executor_only_where_it_runs_and_pays(strategy
     trainer = make_trainer(strategy(), max_epochs=1, limit_val_batches=0)
     trainer.fit(model(), datamodule=dm)
     assert trainer.lightning_module.executor == expected
-    chunked = trainer.strategy.round_schedule(dm).chunk_size is not None
+    chunked = trainer.lightning_module.chunk_size is not None
     assert chunked == (expected == "vectorized")
 
 
@@ -84,21 +83,3 @@ def test_bad_executor_arguments_name_the_fix():
         lf.FedRCStrategy(3, executor="gpu")
     with pytest.raises(ValueError, match="clients_per_chunk must be an integer >= 1"):
         lf.FedRCStrategy(3, clients_per_chunk=0)
-
-
-def test_chunks_do_not_depend_on_the_process_count():
-    """Every process count computes the same chunks, so 1 and N processes give the same weights."""
-    steps = torch.tensor([3, 1, 2, 3, 1, 1, 2, 5, 1, 2])
-    sizes = torch.tensor([30, 10, 20, 25, 5, 12, 18, 50, 8, 15])
-    schedule = RoundSchedule(10, 8, steps, seed=3, chunk_size=3, sizes=sizes)
-    chunks = schedule.chunks(round_index=4)
-    clients = [client for chunk in chunks for _, client in chunk]
-    assert sorted(clients) == schedule.clients(4).tolist()
-    assert [len(chunk) for chunk in chunks] == [3, 3, 2]
-    keys = [(-int(steps[c]), -int(sizes[c])) for c in clients]
-    assert keys == sorted(keys)  # decreasing steps, then decreasing size
-    for world in (1, 2, 3, 4):
-        dealt = schedule.chunk_assignment(4, world)
-        assert sorted(map(str, (c for rank in dealt for c in rank))) == sorted(map(str, chunks))
-        assert max(len(rank) for rank in dealt) <= schedule.items_per_rank(world)
-    assert schedule.items_per_rank(2) == 2 and schedule.items_per_rank(1) == 3

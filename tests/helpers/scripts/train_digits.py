@@ -15,7 +15,6 @@ import torch
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.engine.work_items import ClientChunk
 from lightning_fedcluster.models import MLPClassifier
 from lightning_fedcluster.prediction import concat_predictions
 
@@ -33,11 +32,8 @@ class RecordClients(pl.Callback):
     def __init__(self) -> None:
         self.seen: list[tuple[int, int]] = []
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        if isinstance(batch, ClientChunk):  # a chunk of clients (vectorised executor)
-            self.seen.extend((batch.round, int(client)) for client in batch.clients)
-        elif not batch.is_padding and batch.step == 0:
-            self.seen.append((batch.round, batch.client))
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        self.seen.extend(pl_module.round_executor.trained)  # the round's clients this process trained
 
 
 class PlateauMLP(MLPClassifier):
