@@ -44,4 +44,10 @@ class FedAvgStrategy(FedProxStrategy):
     fixed_arguments = ("algorithm", "mu")
 
     def __init__(self, **kwargs: Any) -> None:
+        if "mu" in kwargs:
+            # FedAvg is FedProx with μ = 0: a μ here would be silently dropped or clash with ours.
+            raise TypeError(
+                f"FedAvgStrategy has no proximal term (mu is fixed at 0), got mu={kwargs['mu']!r}: "
+                "use FedProxStrategy(mu=...) for a proximal term"
+            )
         super().__init__(mu=0.0, **kwargs)

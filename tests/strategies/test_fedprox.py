@@ -34,3 +34,8 @@ def test_a_configurations_num_clusters_is_said_to_be_unused() -> None:
     # A clustered configuration switched to FedAvg keeps its num_clusters: said, not an error.
     with pytest.warns(UserWarning, match="trains one model: num_clusters=3 from the configuration"):
         assert FedAvgStrategy(num_clusters=3).num_clusters == 1
+
+
+def test_fedavg_refuses_a_mu_and_names_fedprox() -> None:
+    with pytest.raises(TypeError, match=r"mu is fixed at 0.*got mu=0\.5.*FedProxStrategy\(mu=\.\.\.\)"):
+        FedAvgStrategy(mu=0.5)
