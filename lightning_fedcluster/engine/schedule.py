@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -88,3 +89,31 @@ def epoch_batch(step: int, num_samples: int, batch_size: int, drop_last: bool) -
     epoch, index = divmod(step, batches_per_epoch(num_samples, batch_size, drop_last))
     start = index * batch_size
     return epoch, start, min(start + batch_size, num_samples)
+
+
+def schedule_for(
+    rule: Any,
+    datamodule: Any,
+    clients_per_round: int | None,
+    local_steps: int | None,
+    local_epochs: int | None,
+    drop_last: bool,
+    seed: int,
+    client_state: Callable[[], Any],
+) -> RoundSchedule:
+    """A run's RoundSchedule: each client's local steps from its data size, and the clients per
+    round, sampled uniformly by ``seed`` or chosen by a rule that selects from the client store
+    (FedSoft's v sampling reads ``client_state()`` when the round comes)."""
+    steps = local_steps_per_client(
+        datamodule.train_sizes, datamodule.batch_size, local_steps, local_epochs, drop_last
+    )
+    per_round = datamodule.num_clients if clients_per_round is None else clients_per_round
+    selector = None
+    if rule.capabilities.server_selection:
+        per_round = rule.max_clients_per_round(datamodule.num_clients)
+
+        def selector(round_index: int) -> Tensor:
+            membership = rule.round_membership(round_index, client_state(), datamodule.train_sizes, seed)
+            return membership.any(1).nonzero().flatten()
+
+    return RoundSchedule(datamodule.num_clients, per_round, steps, seed, selector=selector)

@@ -37,7 +37,7 @@ from lightning_fedcluster.engine.optimizer_state import (
 )
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import ExecutorName, TrainingPlan
-from lightning_fedcluster.engine.schedule import RoundSchedule, local_steps_per_client
+from lightning_fedcluster.engine.schedule import RoundSchedule, schedule_for
 from lightning_fedcluster.engine.state_file import check_state_directory
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
@@ -45,7 +45,11 @@ from lightning_fedcluster.strategies.keywords import init_parameters, reject_unk
 from lightning_fedcluster.strategies.launchers import EnvironmentKeepingLaunch
 from lightning_fedcluster.strategies.precision import check_precision
 from lightning_fedcluster.strategies.process_faults import exit_status_on_sigterm, process_group_timeout
-from lightning_fedcluster.strategies.round_arguments import check_reply_arguments, check_round_arguments
+from lightning_fedcluster.strategies.round_arguments import (
+    algorithm_clusters,
+    check_reply_arguments,
+    check_round_arguments,
+)
 
 if TYPE_CHECKING:
     from lightning_fedcluster.algorithms.client_state import ClientState
@@ -175,7 +179,10 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             if name not in self.fixed_arguments
         ]
         reject_unknown(type(self).__name__, unknown, valid)
-        num_clusters = self._take_algorithm(algorithm, num_clusters, builds_own)
+        num_clusters = algorithm_clusters(
+            type(self).__name__, algorithm, num_clusters, builds_own, base=type(self) is FederatedStrategy
+        )
+        self._algorithm = algorithm
         check_positive_int("num_clusters", num_clusters)
         check_round_arguments(
             clients_per_round=clients_per_round, local_steps=local_steps, local_epochs=local_epochs,
@@ -219,34 +226,6 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         # The plain module last wrapped by ``connect`` and its ClusteredModule (reused for that module;
         # references, not a weakref, so that the strategy stays picklable for spawned processes).
         self._wrapped: tuple[pl.LightningModule, pl.LightningModule] | None = None
-
-    def _take_algorithm(self, algorithm: Algorithm | None, num_clusters: int | None, builds_own: bool) -> int:
-        """Keep ``algorithm=`` (the plain FederatedStrategy's way to run any rule); return K."""
-        self._algorithm = algorithm
-        if algorithm is None:
-            if type(self) is FederatedStrategy:  # a subclass builds its own (its ``algorithm``)
-                raise TypeError(
-                    "FederatedStrategy needs the algorithm to run: FederatedStrategy(algorithm=FedRC(3), "
-                    "...) with a rule from lightning_fedcluster.algorithms (or your own), or a named "
-                    "strategy such as FedRCStrategy(num_clusters=3)"
-                )
-            return 1 if num_clusters is None else num_clusters
-        if builds_own:
-            raise TypeError(
-                f"{type(self).__name__} builds its own algorithm from its arguments: pass algorithm= to "
-                "FederatedStrategy instead, or drop it"
-            )
-        if not isinstance(algorithm, Algorithm):
-            raise TypeError(
-                f"algorithm must be a rule from lightning_fedcluster.algorithms (an Algorithm), got "
-                f"{type(algorithm).__name__}"
-            )
-        if num_clusters is not None and num_clusters != algorithm.num_clusters:
-            raise ValueError(
-                f"num_clusters={num_clusters} but the algorithm has num_clusters={algorithm.num_clusters}: "
-                "set K once, on the algorithm"
-            )
-        return algorithm.num_clusters
 
     @property
     def algorithm(self) -> Any:
@@ -307,41 +286,13 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         default, the Flower server's own otherwise."""
         key = id(datamodule)
         if self._schedule is None or self._schedule[0] != key:
-            steps = local_steps_per_client(
-                datamodule.train_sizes,
-                datamodule.batch_size,
-                self.local_steps,
-                self.local_epochs,
-                self.drop_last,
-            )
-            cpr = datamodule.num_clients if self.clients_per_round is None else self.clients_per_round
-            selector = None
-            if self.algorithm.capabilities.server_selection:
-                cpr = self.algorithm.max_clients_per_round(datamodule.num_clients)
-                selector = self._state_selector(datamodule, client_state)
-            schedule = RoundSchedule(
-                datamodule.num_clients,
-                cpr,
-                steps,
-                self.seed,
-                selector=selector,
-            )
+            state = client_state or (lambda: self.lightning_module.client_state)
+            schedule = schedule_for(
+                self.algorithm, datamodule, self.clients_per_round, self.local_steps, self.local_epochs,
+                self.drop_last, self.seed, state,
+            )  # fmt: skip
             self._schedule = (key, schedule)
         return self._schedule[1]
-
-    def _state_selector(
-        self, datamodule: Any, client_state: Callable[[], ClientState] | None
-    ) -> Callable[[int], torch.Tensor]:
-        """Round → clients chosen by the server from the client state (e.g. FedSoft's v sampling)."""
-
-        def select(round_index: int) -> torch.Tensor:
-            state = self.lightning_module.client_state if client_state is None else client_state()
-            membership = self.algorithm.round_membership(
-                round_index, state, datamodule.train_sizes, self.seed
-            )
-            return membership.any(1).nonzero().flatten()
-
-        return select
 
     def check_datamodule(self, datamodule: Any) -> None:
         """Validate algorithm options that depend on the data (called before training starts)."""

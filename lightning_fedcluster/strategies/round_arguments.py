@@ -3,10 +3,13 @@ each a clear error naming the argument, raised when the strategy is built."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.engine.executors.select import EXECUTORS
+
+if TYPE_CHECKING:
+    from lightning_fedcluster.algorithms.base import Algorithm
 
 
 def check_round_arguments(
@@ -61,3 +64,37 @@ def check_reply_arguments(max_update_norm: Any, min_clients_per_round: Any, clie
             f"min_clients_per_round={min_clients_per_round} exceeds clients_per_round={clients_per_round}: "
             "no round could ever be applied; lower min_clients_per_round"
         )
+
+
+def algorithm_clusters(
+    strategy: str, algorithm: Algorithm | None, num_clusters: int | None, builds_own: bool, base: bool
+) -> int:
+    """K of a strategy given ``algorithm=`` and/or ``num_clusters=``, refusing the combinations that
+    cannot be meant: no rule for the plain FederatedStrategy (``base``), a rule for a strategy
+    that builds its own, something that is not a rule, or a K that disagrees with the rule's."""
+    from lightning_fedcluster.algorithms.base import Algorithm
+
+    if algorithm is None:
+        if base:  # a subclass builds its own (its ``algorithm``)
+            raise TypeError(
+                "FederatedStrategy needs the algorithm to run: FederatedStrategy(algorithm=FedRC(3), "
+                "...) with a rule from lightning_fedcluster.algorithms (or your own), or a named "
+                "strategy such as FedRCStrategy(num_clusters=3)"
+            )
+        return 1 if num_clusters is None else num_clusters
+    if builds_own:
+        raise TypeError(
+            f"{strategy} builds its own algorithm from its arguments: pass algorithm= to "
+            "FederatedStrategy instead, or drop it"
+        )
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(
+            f"algorithm must be a rule from lightning_fedcluster.algorithms (an Algorithm), got "
+            f"{type(algorithm).__name__}"
+        )
+    if num_clusters is not None and num_clusters != algorithm.num_clusters:
+        raise ValueError(
+            f"num_clusters={num_clusters} but the algorithm has num_clusters={algorithm.num_clusters}: "
+            "set K once, on the algorithm"
+        )
+    return algorithm.num_clusters

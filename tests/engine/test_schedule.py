@@ -11,6 +11,7 @@ from lightning_fedcluster.engine.schedule import (
     RoundSchedule,
     epoch_batch,
     local_steps_per_client,
+    schedule_for,
 )
 
 
@@ -115,3 +116,51 @@ def test_an_epoch_covers_every_sample_once_in_ceil_or_floor_n_over_b_batches(n, 
             else list(range(n))
         )
     assert minibatch_order(0, 3, 5, n, 0).tolist() != minibatch_order(0, 3, 5, n, 1).tolist() or n < 3
+
+
+class _Data:
+    """A datamodule's view for the schedule: client sizes, batch size, count."""
+
+    train_sizes = torch.tensor([10, 3, 7])
+    batch_size = 4
+    num_clients = 3
+
+
+class _Uniform:
+    class capabilities:  # noqa: N801 - the rule's capability flags, as Capabilities exposes them
+        server_selection = False
+
+
+class _PicksLast:
+    """A server-selecting rule that reads the client store when the round comes."""
+
+    class capabilities:  # noqa: N801
+        server_selection = True
+
+    def max_clients_per_round(self, num_clients: int) -> int:
+        return 2
+
+    def round_membership(self, round_index, state, train_sizes, seed) -> torch.Tensor:
+        membership = torch.zeros(len(train_sizes), 1, dtype=torch.bool)
+        membership[state[round_index % len(state)]] = True
+        return membership
+
+
+def test_schedule_for_counts_epochs_and_samples_uniformly() -> None:
+    schedule = schedule_for(_Uniform(), _Data(), 2, None, 2, False, 5, lambda: None)
+    assert schedule.steps_per_client.tolist() == [6, 2, 4]  # 2 passes of ceil(N/4) batches
+    assert schedule.clients_per_round == 2 and schedule.selector is None
+    assert (
+        schedule.clients(0).tolist()
+        == schedule_for(_Uniform(), _Data(), 2, None, 2, False, 5, lambda: None).clients(0).tolist()
+    )
+    assert schedule_for(_Uniform(), _Data(), None, 3, None, False, 0, lambda: None).clients_per_round == 3
+
+
+def test_schedule_for_lets_a_selecting_rule_read_the_store_at_each_round() -> None:
+    store = [[2], [0]]
+    schedule = schedule_for(_PicksLast(), _Data(), None, 1, None, False, 0, lambda: store)
+    assert schedule.clients_per_round == 2
+    assert schedule.clients(0).tolist() == [2] and schedule.clients(1).tolist() == [0]
+    store[0] = [1]  # read when the round comes, not when the schedule was built
+    assert schedule.clients(2).tolist() == [1]

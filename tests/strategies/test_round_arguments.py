@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.strategies.round_arguments import check_reply_arguments, check_round_arguments
+from lightning_fedcluster.algorithms import FedRC
+from lightning_fedcluster.strategies.round_arguments import (
+    algorithm_clusters,
+    check_reply_arguments,
+    check_round_arguments,
+)
 
 VALID = {
     "clients_per_round": None,
@@ -78,3 +83,17 @@ def test_valid_reply_settings_pass() -> None:
 def test_bad_reply_settings_are_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
         lf.FedAvgStrategy(**options)
+
+
+def test_algorithm_clusters_takes_k_from_the_rule_and_refuses_what_cannot_be_meant() -> None:
+    assert algorithm_clusters("S", FedRC(4), None, builds_own=False, base=True) == 4
+    assert algorithm_clusters("S", None, 3, builds_own=True, base=False) == 3
+    assert algorithm_clusters("S", None, None, builds_own=True, base=False) == 1
+    with pytest.raises(ValueError, match="num_clusters=2 but the algorithm has num_clusters=4: set K once"):
+        algorithm_clusters("S", FedRC(4), 2, builds_own=False, base=True)
+    with pytest.raises(TypeError, match="FederatedStrategy needs the algorithm to run"):
+        algorithm_clusters("FederatedStrategy", None, 3, builds_own=False, base=True)
+    with pytest.raises(TypeError, match="FedRCStrategy builds its own algorithm"):
+        algorithm_clusters("FedRCStrategy", FedRC(3), None, builds_own=True, base=False)
+    with pytest.raises(TypeError, match="an Algorithm\\), got str"):
+        algorithm_clusters("S", "fedrc", None, builds_own=False, base=True)
