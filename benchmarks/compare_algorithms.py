@@ -6,7 +6,7 @@ picks its own), 5 local steps of batch 32, SGD lr 0.2, 150 rounds, the MLP of th
 Besides local/global accuracy and the ARI of the clustering against the true concept, it reports
 the ARI against the feature style (clean vs. corrupted kind) and against each client's dominant
 label: what a method groups clients by. Prints a table and the machine; results are recorded in
-benchmarks/RESULTS.md and the README.
+benchmarks/results/compare_algorithms.md and the README.
 
     OMP_NUM_THREADS=1 python benchmarks/compare_algorithms.py --seeds 0 1 2
 """

@@ -3,7 +3,7 @@
 DigitsFederated: 30 clients, three concepts (identity, 9−y, (y+1) mod 10), Dirichlet(1.0)
 label shift, the FedRC paper's client-type mix with corrupted clients; 10 clients per round,
 5 local steps of batch 32, SGD lr 0.2, 150 rounds. Prints a table (mean ± std and per seed)
-and the machine; results are recorded in benchmarks/RESULTS.md.
+and the machine; results are recorded in benchmarks/results/compare_algorithms.md.
 
     python benchmarks/digits_concepts.py --seeds 0 1 2 3 4 5
 

@@ -43,7 +43,7 @@ MAIN_JOB_DEFAULTS = {
         "class_path": "lightning_fedcluster.datamodules.DigitsFederated",
         "init_args": {"num_clients": 30, "concepts": 3, "dirichlet_alpha": 1.0, "seed": 0},
     },
-    # Concept grouping after round 20: measured best on this job (benchmarks/RESULTS.md, issue 25:
+    # Concept grouping after round 20: measured best on this job (benchmarks/results/takeoff.md, issue 25:
     # no dead cluster on six seeds, global accuracy 0.905 against 0.753 without it).
     "trainer.strategy": {
         "class_path": "lightning_fedcluster.FedRCStrategy",

@@ -127,7 +127,8 @@ class FashionCNN(ClassifierSteps):
         )
         # Channels-last convolution weights make the convolutions and max-pools run channels-last:
         # on a CPU (oneDNN) one local step is ~1.2x and a no-grad pass ~1.7x faster than in NCHW
-        # (benchmarks/RESULTS.md). The engine moves weights with in-place copies, which keep it.
+        # (benchmarks/results/training_round.md). The engine moves weights with in-place copies,
+        # which keep it.
         self.to(memory_format=torch.channels_last)
 
     def forward(self, x: Tensor) -> Tensor:

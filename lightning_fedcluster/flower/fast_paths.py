@@ -6,7 +6,7 @@ it on for a SuperNode, the run config ``fast-paths = true`` (``FlowerApps(fast_p
 the ServerApp. Without it a deployment waits on Flower's fixed intervals: the SuperNode polls the
 SuperLink every 3 s while idle and checks for its ClientApp's reply every 0.5 s, and a message's
 objects that have not arrived yet are asked for again after 1 s, then 2 s, ...
-(``benchmarks/RESULTS.md`` measures both). With it:
+(``benchmarks/results/flower_vs_lightning.md`` measures both). With it:
 
 - the SuperNode's loop (``flwr.supernode.start_client_internal``) gets a ``time`` module whose
   ``sleep`` lasts at most ``--poll-interval`` while messages flow and ends as soon as the

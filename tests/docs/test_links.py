@@ -51,3 +51,20 @@ def test_the_docs_figures_exist_are_pngs_and_are_the_ones_the_script_writes():
                     and isinstance(n.value, str) and n.value.endswith(".png")}  # fmt: skip
     checked_in = {p.name for p in (docs / "figures").glob("*.png")}
     assert shown == checked_in == written, (shown, checked_in, written)
+
+
+def test_every_benchmark_page_is_in_the_index_and_in_the_site():
+    """benchmarks/RESULTS.md is the contents of benchmarks/results/: it links every page (and only
+    pages that exist), and each page is shown in the docs site by a one-line include in nav."""
+    index = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    linked = re.findall(r"\]\(results/([^)#\s]+\.md)\)", index)
+    pages = sorted(p.name for p in (ROOT / "benchmarks" / "results").glob("*.md"))
+    assert len(pages) > 10 and sorted(linked) == pages, (linked, pages)
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert (ROOT / "docs/benchmarks/RESULTS.md").read_text().strip() == '--8<-- "benchmarks/RESULTS.md"'
+    for name in pages:
+        include = (ROOT / "docs/benchmarks/results" / name).read_text().strip()
+        assert include == f'--8<-- "benchmarks/results/{name}"', name
+        assert f": benchmarks/results/{name}" in nav, f"benchmarks/results/{name} is not in mkdocs.yml's nav"
+        page = (ROOT / "benchmarks/results" / name).read_text()
+        assert page.startswith("# ") and "## " in page, f"{name}: a title and its newest section"
