@@ -12,13 +12,18 @@ Options for the dead-cluster and server-optimizer studies (issue 11): ``--lr``/`
 ``--reseed-threshold δ`` (FedRCStrategy's re-seeding of dead clusters) and ``--fedrc-only``. At
 the end, ``clusters used`` counts the clusters that some seen client's largest mixture weight
 points to, ``clusters alive`` those that explain at least 5 % of the seen clients' data (3 =
-none died).
+none died); the per-seed line adds the models still held (``active``: not retired by a merge).
+
+Issue 25's spurious-cluster checks: ``--concepts 1`` (DigitsFederated's concept count) with
+``--group-round``/``--merge-threshold``/``--merge-after``, and ``--num-clusters 6`` on three
+concepts; ``--show-merges`` prints each merge's note.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import platform
 import statistics
@@ -41,8 +46,33 @@ METRICS = ("test/local_acc", "test/global_acc", "test/concept_ari", "used", "ali
 ALIVE_SHARE = 0.05  # a cluster is alive when it explains at least 5 % of the seen clients' data
 
 
+class _ServerNotes(logging.Filter):
+    """Collects the merge notes the server says on rank zero's info channel during a fit, and
+    keeps that channel's info lines off the console as before (warnings and errors pass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self._logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "merged cluster" in record.getMessage():
+            self.lines.append(record.getMessage())
+        return record.levelno > logging.INFO
+
+    def __enter__(self) -> _ServerNotes:
+        self._level = self._logger.level
+        self._logger.setLevel(logging.INFO)
+        self._logger.addFilter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeFilter(self)
+        self._logger.setLevel(self._level)
+
+
 def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, float]:
-    dm = DigitsFederated(num_clients=30, concepts=3, seed=seed)
+    dm = DigitsFederated(num_clients=30, concepts=args.concepts, seed=seed)
     options = {}
     if args.reseed_threshold is not None and num_clusters > 1:
         options["reseed_threshold"] = args.reseed_threshold
@@ -65,9 +95,14 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
     anneal(strategy, args.anneal)
     callbacks = [TakeoffDiagnostics(every=args.diagnostics_every)] if args.diagnostics else []
     trainer = make_trainer(strategy, args.rounds, validate=False, callbacks=callbacks)
+    notes = _ServerNotes()  # the merges' console lines (Lightning's info lines are silenced)
     start = time.perf_counter()
-    trainer.fit(MLPClassifier(lr=args.lr, momentum=args.momentum), datamodule=dm)
+    with notes:
+        trainer.fit(MLPClassifier(lr=args.lr, momentum=args.momentum), datamodule=dm)
     seconds = time.perf_counter() - start
+    if args.show_merges:
+        for line in notes.lines:
+            print(f"K={num_clusters} seed {seed}: {line}")
     if args.diagnostics:
         Path(args.diagnostics).mkdir(parents=True, exist_ok=True)
         callbacks[0].save(Path(args.diagnostics) / f"k{num_clusters}-seed{seed}.json")
@@ -75,7 +110,8 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
     state = trainer.lightning_module.client_state
     used = state.omega[state.seen].argmax(1).unique().numel()
     alive = int((cluster_shares(state.omega, dm.train_sizes, state.seen) >= ALIVE_SHARE).sum())
-    counts = {"used": float(used), "alive": float(alive), "seconds": seconds}
+    active = int(state.active.sum())  # clusters not retired by a merge
+    counts = {"used": float(used), "alive": float(alive), "active": float(active), "seconds": seconds}
     return {**{m: result[m] for m in METRICS[:3]}, **counts}
 
 
@@ -100,12 +136,14 @@ def main() -> None:
         "--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)"
     )
     parser.add_argument("--num-clusters", type=int, default=3, help="K of FedRC")
+    parser.add_argument("--concepts", type=int, default=3, help="DigitsFederated's number of concepts")
     parser.add_argument(
         "--diagnostics", default=None, help="write TakeoffDiagnostics to DIR/k<K>-seed<s>.json"
     )
     parser.add_argument(
         "--diagnostics-every", type=int, default=1, help="with --diagnostics: every this many rounds"
     )
+    parser.add_argument("--show-merges", action="store_true", help="print each cluster merge's note")
     parser.add_argument("--fedrc-only", action="store_true", help="skip the FedAvg (K=1) runs")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -121,7 +159,8 @@ def main() -> None:
         f"reseed_threshold={args.reseed_threshold}, group_round={args.group_round} "
         f"merge_threshold={args.merge_threshold} (after {args.merge_after}) "
         f"(share {args.group_share}), "
-        f"server_optimizer={args.server_optimizer} (server_lr {args.server_lr}), {args.rounds} rounds"
+        f"server_optimizer={args.server_optimizer} (server_lr {args.server_lr}), {args.rounds} rounds, "
+        f"{args.concepts} concepts"
     )
     names = ("local acc", "global acc", "concept ARI", "clusters used", "clusters alive")
     print(f"{'model':<16}" + "".join(f"{n:>16}" for n in names) + f"{'s / run':>10}")
@@ -129,15 +168,19 @@ def main() -> None:
         cells = []
         for metric in METRICS:
             values = [r[metric] for r in runs]
+            if any(math.isnan(v) for v in values):  # the concept ARI of a one-concept scenario
+                cells.append("n/a")
+                continue
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.3f} ± {spread:.3f}")
         name = f"FedRC K={k}" if k > 1 else "FedAvg (K=1)"
         seconds = statistics.mean(r["seconds"] for r in runs)
         print(f"{name:<16}" + "".join(f"{c:>16}" for c in cells) + f"{seconds:>10.1f}")
-    print("per seed (global acc / ARI / clusters used / alive):")
+    print("per seed (global acc / ARI / clusters used / alive / active):")
     for k, runs in rows.items():
         cells = [
-            f"s{s}: {r['test/global_acc']:.3f}/{r['test/concept_ari']:.2f}/{r['used']:.0f}/{r['alive']:.0f}"
+            f"s{s}: {r['test/global_acc']:.3f}/{r['test/concept_ari']:.2f}/"
+            f"{r['used']:.0f}/{r['alive']:.0f}/{r['active']:.0f}"
             for s, r in zip(args.seeds, runs, strict=True)
         ]
         print(f"  K={k}: " + ", ".join(cells))
