@@ -52,13 +52,7 @@ from lightning_fedcluster.algorithms.signatures import (
     label_conditioned_means,
     signature_distances,
 )
-from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares
-
-
-def adjusted_rand(truth: Tensor, groups: Tensor) -> float:
-    from sklearn.metrics import adjusted_rand_score
-
-    return float(adjusted_rand_score(truth.numpy(), groups.numpy()))
+from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares, grouping_ari
 
 
 def entropy(p: Tensor, dim: int = -1) -> Tensor:
@@ -196,21 +190,21 @@ class TakeoffDiagnostics(pl.Callback):
         groups = int(active.sum())
         stacked, rows_per_label = torch.stack(pred_means), torch.stack(counts)
         pred_d, _ = signature_distances(stacked, rows_per_label)
-        row["prediction_ari"] = adjusted_rand(concept, k_medoids(pred_d, groups)[0])
+        row["prediction_ari"] = grouping_ari(concept, k_medoids(pred_d, groups)[0])
         row["prediction_within"], row["prediction_between"] = within_between(pred_d, concept)
         row["prediction_separation"] = separation(pred_d, concept)
         row["group_spread"] = [k_medoids(pred_d, g)[1] / dm.num_clients for g in range(1, groups + 1)]
         tv_d, _ = signature_distances(stacked, rows_per_label, metric="tv")
-        row["prediction_tv_ari"] = adjusted_rand(concept, k_medoids(tv_d, groups)[0])
-        row["prediction_linkage_ari"] = adjusted_rand(concept, group_clients(tv_d, num_groups=groups))
+        row["prediction_tv_ari"] = grouping_ari(concept, k_medoids(tv_d, groups)[0])
+        row["prediction_linkage_ari"] = grouping_ari(concept, group_clients(tv_d, num_groups=groups))
         pred_k_d, _ = signature_distances(torch.stack(pred_k_means), rows_per_label)
-        row["prediction_k_ari"] = adjusted_rand(concept, k_medoids(pred_k_d, groups)[0])
+        row["prediction_k_ari"] = grouping_ari(concept, k_medoids(pred_k_d, groups)[0])
         loss_d, _ = signature_distances(torch.stack(loss_means), rows_per_label, metric="tv")
-        row["loss_ari"] = adjusted_rand(concept, k_medoids(loss_d, groups)[0])
+        row["loss_ari"] = grouping_ari(concept, k_medoids(loss_d, groups)[0])
         row["loss_separation"] = separation(loss_d, concept)
         if self.gradients:
             grad_d = 1.0 - cosine_similarity_matrix(torch.stack(grads))
-            row["gradient_ari"] = adjusted_rand(concept, k_medoids(grad_d, groups)[0])
+            row["gradient_ari"] = grouping_ari(concept, k_medoids(grad_d, groups)[0])
             row["gradient_separation"] = separation(grad_d, concept)
         if self.keep_signatures:
             row["signatures"] = stacked.tolist()

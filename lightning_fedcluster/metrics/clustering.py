@@ -7,6 +7,12 @@ from sklearn.metrics import adjusted_rand_score
 from torch import Tensor
 
 
+def grouping_ari(truth: Tensor, groups: Tensor) -> float:
+    """Adjusted Rand index of a grouping of clients (any integer labels) against their true
+    concepts: 1 = the same partition, about 0 = unrelated."""
+    return float(adjusted_rand_score(truth.cpu().numpy(), groups.cpu().numpy()))
+
+
 def concept_ari(omega: Tensor, concept: Tensor, seen: Tensor | None = None) -> float:
     """Adjusted Rand index between each client's cluster (argmax_k ω) and its true concept, over
     the clients that have taken part (``seen``). 1 = clusters are exactly the concepts; about 0 =
@@ -16,8 +22,7 @@ def concept_ari(omega: Tensor, concept: Tensor, seen: Tensor | None = None) -> f
     mask = torch.ones(omega.shape[0], dtype=torch.bool) if seen is None else seen.cpu()
     if int(mask.sum()) < 2 or int(concept.cpu()[mask].unique().numel()) < 2:
         return float("nan")
-    assigned = omega.cpu()[mask].argmax(dim=1).numpy()
-    return float(adjusted_rand_score(concept.cpu()[mask].numpy(), assigned))
+    return grouping_ari(concept.cpu()[mask], omega.cpu()[mask].argmax(dim=1))
 
 
 def concept_shares(omega: Tensor, concept: Tensor, sizes: Tensor, num_concepts: int | None = None) -> Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares
+from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares, grouping_ari
 
 # --- clustering metrics ------------------------------------------------------------------------
 
@@ -30,6 +30,14 @@ def test_concept_ari_by_hand() -> None:
     # ARI = (4 − 6·7/15) / ((6 + 7)/2 − 6·7/15) = 1.2 / 3.7
     omega = omega_for([0, 0, 1, 1, 1, 1], k=2)
     assert concept_ari(omega, torch.tensor([0, 0, 0, 1, 1, 1])) == pytest.approx(1.2 / 3.7, abs=1e-12)
+
+
+def test_grouping_ari_by_hand_and_label_free() -> None:
+    # The contingency of the test above, with group names 7 and 3: ARI 1.2 / 3.7, as concept_ari.
+    assert grouping_ari(torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([7, 7, 3, 3, 3, 3])) == pytest.approx(
+        1.2 / 3.7, abs=1e-12
+    )
+    assert grouping_ari(torch.tensor([0, 0, 1, 1]), torch.tensor([1, 1, 0, 0])) == 1.0
 
 
 def test_concept_ari_nan_with_fewer_than_two_seen_clients() -> None:
