@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _takeoff import TAKE_OFF_ARI, take_off_round
 
-TAKE_OFF_ARI = 0.8
 ROW = re.compile(r"^(\d+)\s+" + r"\s+".join([r"(-?[\d.]+|nan)"] * 8) + r"\s*$")
 SEED = re.compile(r"^seed (\d+): ")
 
@@ -75,7 +75,7 @@ def run_one(args: argparse.Namespace) -> None:
 
 def take_off(aris: list[float], threshold: float = TAKE_OFF_ARI) -> int | None:
     """The first round (1-based) whose ARI is >= ``threshold``, or None."""
-    return next((t + 1 for t, a in enumerate(aris) if a >= threshold), None)
+    return take_off_round(enumerate(aris, start=1), threshold)
 
 
 def library_runs(log: Path, concepts: int) -> dict[int, dict[str, Any]]:

@@ -42,13 +42,13 @@ from _common import (
     set_clock,
     set_threads,
 )
+from _takeoff import TAKE_OFF_ARI, take_off_round
 from authors_comparison import DATASETS, SOURCES
 
 from lightning_fedcluster import ClusteredModule, FederatedDataModule, FedRCStrategy
 from lightning_fedcluster.models import FashionCNN
 
 MODELS = {"paper": {}, "small": {"channels": (16, 32), "hidden": 128}}
-TAKE_OFF_ARI = 0.8
 
 
 def random_5k() -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, images: torch.Tensor, labels: torch.Tensor, se
     untested = {"test/global_acc": math.nan, "test/local_acc": math.nan, "test/concept_ari": math.nan}
     test = untested if args.no_test else trainer.test(module, datamodule=dm, verbose=False)[0]
     validated = sorted(recorder.metrics.items())
-    take_off = next((r for r, m in validated if m["val/concept_ari"] >= TAKE_OFF_ARI), None)
+    take_off = take_off_round((r, m["val/concept_ari"]) for r, m in validated)
     no_validation = (math.nan, {"val/global_acc": math.nan, "val/concept_ari": math.nan})
     best_round, best = max(validated, key=lambda item: item[1]["val/global_acc"], default=no_validation)
     return {

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _takeoff import TAKE_OFF_ARI, take_off_round  # noqa: E402
 
-TAKE_OFF_ARI = 0.8
 DEAD_SHARE = 0.05
 CELLS = ("a1", "a10", "m1", "m10")
 MNIST_CELLS = ("m1", "m10")
@@ -214,7 +214,7 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         "rounds": len(rows),
         "ari": ari,
         "alive": [r["alive"] for r in rows],
-        "take_off": next((r["round"] for r in rows if r["ari"] >= TAKE_OFF_ARI), None),
+        "take_off": take_off_round((r["round"], r["ari"]) for r in rows),
         "scored": {r["round"]: {"acc": r["acc"], "val": r["val"]} for r in scored},
         "acc25": next((r["acc"] for r in scored if r["round"] == 25), None),
         "acc60": next((r["acc"] for r in scored if r["round"] == 60), None),
