@@ -89,6 +89,14 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         ):
             if on and adam_gamma:
                 raise ValueError(f"{name} cannot be combined with adam_gamma: use one or the other")
+        for name, value, default, needs, on in (
+            ("group_share", group_share, 0.9, "group_round", group_round is not None),
+            ("merge_after", merge_after, 0, "merge_threshold", merge_threshold is not None),
+        ):
+            if not on and value != default:
+                raise ValueError(
+                    f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
+                )
         self.grouping = None if group_round is None else ConceptGrouping(group_round, group_share)
         self.merging = None if merge_threshold is None else ClusterMerging(merge_threshold, merge_after)
         self.uses_client_outputs = self.grouping is not None

@@ -80,6 +80,8 @@ def test_options_are_checked():
         ConceptGrouping(group_round=3, share=0.0)
     with pytest.raises(ValueError, match="cannot be combined with adam_gamma"):
         FedRC(3, group_round=3, adam_gamma=True)
+    with pytest.raises(ValueError, match=r"group_share=0.5 has no effect without group_round"):
+        FedRC(3, group_share=0.5)
 
 
 def test_fedrc_records_the_signature_before_the_grouping_round_only():

@@ -109,6 +109,8 @@ def test_options_are_checked():
         ClusterMerging(threshold=1.0, after=-1)
     with pytest.raises(ValueError, match="cannot be combined with adam_gamma"):
         FedRC(3, merge_threshold=1.0, adam_gamma=True)
+    with pytest.raises(ValueError, match=r"merge_after=-3 has no effect without merge_threshold"):
+        FedRC(3, merge_after=-3)
 
 
 @pytest.mark.parametrize("executor", ["loop", "vectorized"])
