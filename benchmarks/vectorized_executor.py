@@ -1,4 +1,4 @@
-"""The vectorised executor (torch.func, ``engine/vectorized.py``) against the per-client loop.
+"""The vectorised executor (torch.func, ``engine/batched_steps.py``) against the per-client loop.
 
 For one round's clients (all K models start from the same global weights): the E-step (no-grad
 forward of the K models over every client's data and the responsibilities) and the local
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from _common import CLOCK_HELP, clock, command_line, machine_line, quiet, set_clock, set_threads
 from torch import Tensor, nn
 
-from lightning_fedcluster.engine.vectorized import (
+from lightning_fedcluster.engine.batched_steps import (
     SGDConfig,
     batched_e_step,
     cluster_losses,
@@ -61,8 +61,15 @@ def workload(name: str) -> tuple[Callable[[], nn.Module], Tensor, Tensor, Tensor
     return factory, x, y, torch.tensor([0, *sizes]).cumsum(0), classes, batch, chunk
 
 
-def loop_round(models: list[nn.Module], x: Tensor, y: Tensor, offsets: Tensor, orders: list[Tensor],
-               batch: int, lr: float) -> tuple[float, float, list[list[nn.Module]]]:
+def loop_round(
+    models: list[nn.Module],
+    x: Tensor,
+    y: Tensor,
+    offsets: Tensor,
+    orders: list[Tensor],
+    batch: int,
+    lr: float,
+) -> tuple[float, float, list[list[nn.Module]]]:
     """Per client: E-step (K forwards, responsibilities) then local SGD; returns the seconds of each."""
     work = [copy.deepcopy(m) for m in models]
     e_seconds = t_seconds = 0.0
@@ -87,8 +94,10 @@ def loop_round(models: list[nn.Module], x: Tensor, y: Tensor, offsets: Tensor, o
             index = orders[c][(step * size + torch.arange(size)) % n]
             optimizer.zero_grad()
             xb, yb = xc[index], yc[index]
-            total = sum((gamma[index, k] * F.cross_entropy(work[k](xb), yb, reduction="none")).sum() / size
-                        for k in range(K))
+            total = sum(
+                (gamma[index, k] * F.cross_entropy(work[k](xb), yb, reduction="none")).sum() / size
+                for k in range(K)
+            )
             total.backward()
             optimizer.step()
         t_seconds += clock() - middle
@@ -108,8 +117,15 @@ def group_clients(steps: Tensor, chunk: int) -> list[Tensor]:
 
 
 def vectorised_round(
-    models: list[nn.Module], x: Tensor, y: Tensor, offsets: Tensor, orders: list[Tensor], batch: int,
-    lr: float, classes: int, chunk: int,
+    models: list[nn.Module],
+    x: Tensor,
+    y: Tensor,
+    offsets: Tensor,
+    orders: list[Tensor],
+    batch: int,
+    lr: float,
+    classes: int,
+    chunk: int,
 ) -> tuple[float, float, dict[str, Tensor]]:
     """All clients' E-step at once, then the local SGD of all pairs in chunks of ``chunk`` clients."""
     start = clock()
@@ -131,8 +147,9 @@ def vectorised_round(
     for group in group_clients(steps, chunk):
         index = torch.cat([torch.arange(int(offsets[c]), int(offsets[c + 1])) for c in group.tolist()])
         sub_offsets = torch.cat([torch.zeros(1, dtype=torch.long), offsets.diff()[group].cumsum(0)])
-        batches = engine_batches(x[index], y[index], weights[index], sub_offsets, [orders[c] for c in group],
-                                 steps[group], batch)
+        batches = engine_batches(
+            x[index], y[index], weights[index], sub_offsets, [orders[c] for c in group], steps[group], batch
+        )
         final = local_sgd(template, expand_clients(params, group.numel()), buffers, batches, config)
         if 0 in group.tolist():
             first = {n: p[(group == 0).nonzero().flatten()[:1]] for n, p in final.items()}
@@ -165,8 +182,11 @@ def main() -> None:
             loop_times.append((e, t))
             e, t, first = vectorised_round(models, x, y, offsets, orders, batch, lr, classes, chunk)
             vec_times.append((e, t))
-        difference = max(float((first[n][0, k] - p.detach()).abs().max())
-                         for k in range(K) for n, p in reference[0][k].named_parameters())
+        difference = max(
+            float((first[n][0, k] - p.detach()).abs().max())
+            for k in range(K)
+            for n, p in reference[0][k].named_parameters()
+        )
         loop_e, loop_t = (statistics.median(v[i] for v in loop_times) for i in (0, 1))
         vec_e, vec_t = (statistics.median(v[i] for v in vec_times) for i in (0, 1))
         steps = int(torch.div(offsets.diff() + batch - 1, batch, rounding_mode="floor").sum())
@@ -174,11 +194,15 @@ def main() -> None:
     print(machine_line())
     print(f"command: {command_line()}")
     print(f"K={K}, one local epoch per client, median of {args.repeats} rounds; seconds per round")
-    print(f"{'workload':<10}{'clients':>8}{'steps':>7}{'E loop':>9}{'E vec':>9}{'x':>6}{'train loop':>12}"
-          f"{'train vec':>11}{'x':>6}{'max |diff|':>12}")
+    print(
+        f"{'workload':<10}{'clients':>8}{'steps':>7}{'E loop':>9}{'E vec':>9}{'x':>6}{'train loop':>12}"
+        f"{'train vec':>11}{'x':>6}{'max |diff|':>12}"
+    )
     for name, clients, steps, le, ve, lt, vt, diff in rows:
-        print(f"{name:<10}{clients:>8}{steps:>7}{le:>9.3f}{ve:>9.3f}{le / ve:>6.1f}{lt:>12.3f}{vt:>11.3f}"
-              f"{lt / vt:>6.1f}{diff:>12.1e}")
+        print(
+            f"{name:<10}{clients:>8}{steps:>7}{le:>9.3f}{ve:>9.3f}{le / ve:>6.1f}{lt:>12.3f}{vt:>11.3f}"
+            f"{lt / vt:>6.1f}{diff:>12.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from lightning_fedcluster.algorithms.base import Algorithm, ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.datamodules.loaders import RoundBatch
-from lightning_fedcluster.engine import vectors
+from lightning_fedcluster.engine import client_vectors
 from lightning_fedcluster.engine.checkpoint import CLIENT_STATE_KEY, CheckpointHooks
 from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.copies import (
@@ -48,12 +48,12 @@ from lightning_fedcluster.engine.federation import (
 )
 from lightning_fedcluster.engine.host import FederatedRun
 from lightning_fedcluster.engine.losses import evaluate_models, pass_rows, per_sample_loss
+from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.optimizer_state import StateLayout, persistent_layout, report_store_size
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from, forward_logits
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
-from lightning_fedcluster.engine.schedulers import RoundSchedulers
-from lightning_fedcluster.engine.server_optimizer import ServerOptimizerHooks
+from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizerHooks
 from lightning_fedcluster.engine.setup_checks import (
     check_output_shape,
     check_rule_on_model,
@@ -307,7 +307,7 @@ class ClusteredModule(
     # ------------------------------------------------------------------ personal models
     def personal_copies(self) -> range:
         """The working copies a personal model occupies: copy 0 (FedSoft) or all K (D-FedEM)."""
-        return vectors.personal_copies(self.rule, self.num_clusters)
+        return client_vectors.personal_copies(self.rule, self.num_clusters)
 
     # ------------------------------------------------------------------ rounds
     def current_round(self) -> int:

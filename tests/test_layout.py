@@ -30,7 +30,7 @@ PENDING: dict[str, str] = {}
 # Modules without their test file yet, each with what it waits for; the list only shrinks.
 UNTESTED_MODULES: dict[str, str] = {
     f"{PACKAGE}/engine/{name}.py": "waits for the round-loop rewrite (branch i26b)"
-    for name in ("client", "host", "server")
+    for name in ("client", "host", "server_step")
 }
 
 

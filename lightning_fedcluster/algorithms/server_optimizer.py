@@ -6,7 +6,7 @@ pseudo-gradient (a descent direction, so it is added) and keeps its own state pe
 - ``"adam"`` (FedAdam, Reddi et al. Alg. 2, without bias correction): m ← β₁ m + (1 − β₁) Δ,
   v ← β₂ v + (1 − β₂) Δ², then θ ← θ + η_g m / (√v + τ), with v starting at τ².
 
-Plain tensors only; the engine keeps the state (``engine/server_optimizer.py``).
+Plain tensors only; the engine keeps the state (``engine/server_optimizer_state.py``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import attached_trainer, local_optimizer
 from lightning_fedcluster.engine.host import TrainingHost
-from lightning_fedcluster.engine.server_optimizer import SERVER_OPTIMIZER_KEY, ServerOptimizer
+from lightning_fedcluster.engine.server_optimizer_state import SERVER_OPTIMIZER_KEY, ServerOptimizer
 
 CLIENT_STATE_KEY = "fedcluster_client_state"
 METADATA_KEY = "fedcluster_metadata"

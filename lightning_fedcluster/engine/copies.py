@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.seeds import CLUSTER_INIT, derive_seed
-from lightning_fedcluster.engine.schedulers import RoundScheduler, parse_optimizer_config
+from lightning_fedcluster.engine.lr_schedulers import RoundScheduler, parse_optimizer_config
 
 
 def attached_trainer(module: nn.Module) -> Any:

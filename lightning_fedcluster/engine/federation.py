@@ -8,7 +8,7 @@ apply them with the server step, store the clients' reports, run the rule's serv
 the new global models, step the LR schedulers and prepare the next round). ``run`` loops over
 rounds. The executors are the local loop and the vectorised executor
 (``engine/executors/``: a Lightning process's share of the clients, or a Flower node's) and the
-Flower grid (``flower/server.py``: the nodes' replies). The Lightning module runs one
+Flower grid (``flower/server_host.py``: the nodes' replies). The Lightning module runs one
 ``run_round`` per training batch (Lightning's loop over epochs is the loop over rounds); the
 Flower ServerApp calls ``run``.
 """
@@ -29,14 +29,14 @@ from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.algorithms.protocols import label_statistics
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
-from lightning_fedcluster.engine import server, vectors
+from lightning_fedcluster.engine import client_vectors, server_step
+from lightning_fedcluster.engine.client_sampling import RoundSchedule
 from lightning_fedcluster.engine.copies import ClusterCopies
+from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import Reduce, RoundState
 from lightning_fedcluster.engine.runtime import Timer, untimed
-from lightning_fedcluster.engine.schedule import RoundSchedule
-from lightning_fedcluster.engine.schedulers import RoundSchedulers
-from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
+from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer, cluster_group
 from lightning_fedcluster.engine.setup_checks import check_chance_level, check_loss_growth
 from lightning_fedcluster.engine.state_file import OptimizerStateFile
 
@@ -222,7 +222,7 @@ class RoundDriver:
         starts (a rule with label statistics)."""
         state, rule, sizes = self.state.client_state, self.rule, self.clients.train_sizes
         clients = self.schedule.clients(round_index)
-        wants = vectors.vector_kind(rule, state)
+        wants = client_vectors.vector_kind(rule, state)
         sends = wants is not None and (self.personal_vectors or wants != "personal")
         round_state = RoundState(
             round_index,
@@ -232,7 +232,7 @@ class RoundDriver:
             rule,
             state,
             self.clients.num_classes,
-            vectors.vector_size(self.state.copies, rule, state) if sends else 0,
+            client_vectors.vector_size(self.state.copies, rule, state) if sends else 0,
             self.device,
             optimizer_size=self.optimizer_size,
             optimizer_in_store=self.optimizer_in_store,
@@ -269,8 +269,8 @@ class RoundDriver:
             )
         if applied:
             round_state.apply(self.plan.server_lr, self.state.server_optimizer)
-            server.record_round(rule, state, round_state, self.clients.offsets)
-            outcome = server.round_outcome(round_state, self.clients.train_sizes)
+            server_step.record_round(rule, state, round_state, self.clients.offsets)
+            outcome = server_step.round_outcome(round_state, self.clients.train_sizes)
             view = ServerView(outcome, state, round_state.global_clusters)
             self.apply(rule.after_round(view), round_state.global_clusters)
         else:
@@ -280,7 +280,7 @@ class RoundDriver:
                 "models stay as they were"
             )
         self.state.copies.load((round_state.global_clusters, round_state.global_shared))
-        metrics = server.round_metrics(round_state, state, self.clients.task)
+        metrics = server_step.round_metrics(round_state, state, self.clients.task)
         metrics["train/rejected"] = float(rejected)
         if applied:
             self.first_loss = check_loss_growth(

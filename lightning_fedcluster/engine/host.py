@@ -16,11 +16,11 @@ from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm, ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.client_sampling import RoundSchedule
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.optimizer_state import StateLayout
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import TrainingPlan
-from lightning_fedcluster.engine.schedule import RoundSchedule
 
 
 class FederatedRun(Protocol):

@@ -24,7 +24,7 @@ from lightning_fedcluster.engine.copies import Snapshot
 from lightning_fedcluster.engine.optimizer_state import store_state
 from lightning_fedcluster.engine.reply_checks import ReplyLimits, client_problems
 from lightning_fedcluster.engine.round_buffer import RoundBuffer
-from lightning_fedcluster.engine.server_optimizer import ServerOptimizer, cluster_group
+from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer, cluster_group
 
 Reduce = Callable[[Tensor], Tensor]
 ROSTER = ("reported", "rejected")  # per-client flags that a node's reply sends as lists of clients

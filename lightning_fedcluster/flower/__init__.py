@@ -19,9 +19,9 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.flower.apps import FlowerApps
 from lightning_fedcluster.flower.node import NodeConfigError
-from lightning_fedcluster.flower.plan import check_supported
 from lightning_fedcluster.flower.results import SavedRun, load_run, read_run
 from lightning_fedcluster.flower.simulation import simulate
+from lightning_fedcluster.flower.support import check_supported
 
 __all__ = [
     "FlowerApps",

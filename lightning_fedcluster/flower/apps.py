@@ -15,8 +15,8 @@ from lightning_fedcluster.arguments import check_positive_int, int_arg
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.setup_checks import check_rule_on_model
 from lightning_fedcluster.flower.node import NodeFactory, NodeRuntime, built
-from lightning_fedcluster.flower.plan import check_supported, clustered_module, flower_optimizer, plan_of
-from lightning_fedcluster.flower.server import FlowerServer
+from lightning_fedcluster.flower.server_host import FlowerServer
+from lightning_fedcluster.flower.support import check_supported, clustered_module, flower_optimizer, plan_of
 
 # The nodes' runtimes of this process, per (run, node): models, data and solver are built once
 # per run (a simulation worker serves several nodes).
@@ -49,7 +49,7 @@ class FlowerApps:
             after the last (a verified file, written atomically; run config ``checkpoint-path``).
         checkpoint_every: rounds between those checkpoints (run config ``checkpoint-every``).
         resume: go on from the checkpoint at ``checkpoint_path`` when there is one, e.g. after the
-            ServerApp or the SuperLink went down (run config ``resume``): ``flower/server_state.py``.
+            ServerApp or the SuperLink went down (run config ``resume``): ``flower/server_checkpoint.py``.
         fast_paths: on a deployment, the ServerApp pulls its replies' objects after 5 ms instead of
             Flower's 1 s, by patching a flwr internal (``flower/fast_paths.py``; run config
             ``fast-paths``). Off by default: Flower's public paths only.

@@ -32,8 +32,8 @@ from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store, reply_problems
 from lightning_fedcluster.flower.messaging import exchange, node_error
-from lightning_fedcluster.flower.nodes import Federation, readmit, restore_stores, sent_entries
-from lightning_fedcluster.flower.plan import round_hyperparameters
+from lightning_fedcluster.flower.node_registry import Federation, readmit, restore_stores, sent_entries
+from lightning_fedcluster.flower.support import round_hyperparameters
 
 log = logging.getLogger("lightning_fedcluster.flower")
 

@@ -24,7 +24,8 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
-from lightning_fedcluster.engine import server, vectors
+from lightning_fedcluster.engine import client_vectors, server_step
+from lightning_fedcluster.engine.client_sampling import local_steps_per_client
 from lightning_fedcluster.engine.evaluation import client_prediction, score
 from lightning_fedcluster.engine.executors.local import LocalClients, estimation_pass
 from lightning_fedcluster.engine.executors.loop import LoopExecutor
@@ -34,10 +35,9 @@ from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
-from lightning_fedcluster.engine.schedule import local_steps_per_client
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
-from lightning_fedcluster.flower.plan import clustered_module, flower_optimizer, set_round_hyperparameters
+from lightning_fedcluster.flower.support import clustered_module, flower_optimizer, set_round_hyperparameters
 
 PARTITION_ID, NUM_PARTITIONS, NUM_CLUSTERS = "partition-id", "num-partitions", "num-clusters"
 STATE_KEY = "fedcluster.client_store"
@@ -206,7 +206,7 @@ class NodeRuntime:
         layout = self.solver.layout
         round_state = RoundState(
             round_index, rows, self.sizes[rows], snapshot, self.plan.rule, state, self.num_classes,
-            vectors.vector_size(self.copies, self.plan.rule, state), self.setup.device,
+            client_vectors.vector_size(self.copies, self.plan.rule, state), self.setup.device,
             optimizer_size=None if layout is None else layout.size, optimizer_in_store=True,
             limits=self.plan.reply_limits,
         )  # fmt: skip
@@ -214,8 +214,8 @@ class NodeRuntime:
         round_state.log_label_stats = info.get("log_label_stats")
         self.copies.models.train()
         self.executor.train(round_state)
-        send_vectors = vectors.vector_kind(self.plan.rule, state) in SERVER_VECTORS
-        server.record_round(self.plan.rule, state, round_state, self.offsets)
+        send_vectors = client_vectors.vector_kind(self.plan.rule, state) in SERVER_VECTORS
+        server_step.record_round(self.plan.rule, state, round_state, self.offsets)
         context.state[STATE_KEY] = records.state_record(state)
         return self.reply(round_state, clients, send_vectors)
 
@@ -271,7 +271,7 @@ class NodeRuntime:
         """A client's prediction as the Lightning engine's validation makes it
         (``engine/evaluation.py``'s ``client_prediction``)."""
         personal = state.personal.get(row) if self.plan.rule.capabilities.personal_models else None
-        personal_copies = vectors.personal_copies(self.plan.rule, self.plan.num_clusters)
+        personal_copies = client_vectors.personal_copies(self.plan.rule, self.plan.num_clusters)
         return client_prediction(
             self.plan.rule, self.copies, lambda rows: self.setup.evaluate(rows)[1], x, state.omega[row],
             personal, personal_copies, snapshot,

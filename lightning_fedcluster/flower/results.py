@@ -25,7 +25,7 @@ from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.checkpoint import saved_num_clusters
 from lightning_fedcluster.engine.verified_files import last_good_note, verify
 from lightning_fedcluster.flower.node import built
-from lightning_fedcluster.flower.plan import clustered_module
+from lightning_fedcluster.flower.support import clustered_module
 
 RUN_KEYS = ("state_dict", "client_state", "metrics", "dropped")
 STORE_KEYS = ("omega", "label_sums", "seen")

@@ -29,6 +29,7 @@ from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig, ServerOptimizerKind
 from lightning_fedcluster.arguments import check_positive_int
 from lightning_fedcluster.engine.checkpoint import resume_hint
+from lightning_fedcluster.engine.client_sampling import RoundSchedule, schedule_for
 from lightning_fedcluster.engine.copies import attached_trainer
 from lightning_fedcluster.engine.optimizer_state import (
     OptimizerStateMode,
@@ -37,7 +38,6 @@ from lightning_fedcluster.engine.optimizer_state import (
 )
 from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
 from lightning_fedcluster.engine.plan import ExecutorName, TrainingPlan
-from lightning_fedcluster.engine.schedule import RoundSchedule, schedule_for
 from lightning_fedcluster.engine.state_file import check_state_directory
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO

@@ -20,10 +20,10 @@ from lightning_fedcluster.engine.federation import (
     initial_client_state,
 )
 from lightning_fedcluster.engine.losses import pass_rows
+from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
-from lightning_fedcluster.engine.schedulers import RoundSchedulers
-from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
+from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 

@@ -11,7 +11,7 @@ import torch
 
 from lightning_fedcluster.algorithms import IFCA, Scope, StateEntry
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.engine import server
+from lightning_fedcluster.engine import server_step
 from lightning_fedcluster.engine.round import RoundState
 
 K = M = 3  # a per-cluster [K] entry looks like a per-client [M] one: only its declaration tells
@@ -85,7 +85,7 @@ def test_the_declared_report_assembles_over_processes_and_nodes_alike():
         merged.merge(reply, {c: s for s, c in enumerate(clients)})
     assert torch.equal(merged.report.flat, first.report.flat)
     state = _store(rule)
-    server.record_round(rule, state, merged, torch.tensor([0, 10, 20, 30]))
+    server_step.record_round(rule, state, merged, torch.tensor([0, 10, 20, 30]))
     assert state.extra["mass"].tolist() == [0.0, 1.0, 1.0]  # the round's ω, summed per cluster
     assert state.extra["last_round"].tolist() == [3.0, -1.0, 3.0]  # client 1 did not report
     assert float(state.extra["mean_size"]) == 12.0  # (10 + 14) / 2

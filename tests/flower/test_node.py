@@ -98,7 +98,7 @@ def test_a_node_lost_in_a_fedsoft_estimation_pass_leaves_its_clients_uniform(tas
             "num-clusters=2 but the run trains K=3",
         ),
         ([{"partition-id": 0, "num-partitions": 2}], "no connected node holds clients [3, 4, 5]"),
-        # Two nodes claim partition 0: the second is refused (tests/flower/test_nodes.py), none holds 1.
+        # Two nodes claim partition 0: the second is refused (test_node_registry.py), none holds 1.
         ([{"partition-id": 0, "num-partitions": 2}] * 2, "no connected node holds clients [3, 4, 5]"),
     ],
 )

@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from lightning_fedcluster.algorithms.mixture import label_statistics
-from lightning_fedcluster.engine.schedule import RoundSchedule, derive_seed
+from lightning_fedcluster.engine.client_sampling import RoundSchedule, derive_seed
 
 
-def reference_fedrc(datamodule, initial_models, *, rounds, clients_per_round, local_steps, lr, seed,
-                    use_label_stats=True):
+def reference_fedrc(
+    datamodule, initial_models, *, rounds, clients_per_round, local_steps, lr, seed, use_label_stats=True
+):
     """Returns (global models, ω [M, K], label sums [M, C, K]) after ``rounds`` rounds."""
     models = [copy.deepcopy(m) for m in initial_models]
     k_count, m_count, c_count = len(models), datamodule.num_clients, datamodule.num_classes
@@ -40,8 +41,9 @@ def reference_fedrc(datamodule, initial_models, *, rounds, clients_per_round, lo
             label_sum = torch.zeros(c_count, k_count, dtype=torch.float64).index_add_(0, y, gamma)
             reports[client] = (gamma.mean(0), label_sum)
             optimizer = torch.optim.SGD([p for m in local for p in m.parameters()], lr=lr)
-            order = torch.randperm(len(y), generator=torch.Generator().manual_seed(
-                derive_seed(seed, r, client, 0xBA7C)))
+            order = torch.randperm(
+                len(y), generator=torch.Generator().manual_seed(derive_seed(seed, r, client, 0xBA7C))
+            )
             size = min(datamodule.batch_size, len(y))
             w = gamma.float()
             for step in range(local_steps):

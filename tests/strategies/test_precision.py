@@ -106,7 +106,7 @@ def test_bf16_mixed_trains_the_float32_model_up_to_bfloat16_rounding():
 def test_bf16_mixed_runs_on_the_loop_executor():
     """torch.func's vmap applies no autocast to a no-grad pass: the vectorised executor's E-step
     would stay float32, so "vectorized" is refused by name and "auto" picks the loop. (Flower
-    refuses bf16-mixed: tests/flower/test_plan.py.)"""
+    refuses bf16-mixed: tests/flower/test_support.py.)"""
     trainer = make_trainer(small_strategy(executor="vectorized"), 1, precision="bf16-mixed")
     with pytest.raises(ValueError, match=r"executor='vectorized' cannot run.*precision='bf16-mixed'.*'loop'"):
         trainer.fit(MLPClassifier(), datamodule=small_datamodule())

@@ -19,7 +19,7 @@ from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, Lo
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.seeds import FINETUNE_ORDER
 from lightning_fedcluster.allocator import release_free_heap
-from lightning_fedcluster.engine import vectors
+from lightning_fedcluster.engine import client_vectors
 from lightning_fedcluster.engine.client import (
     ClientWork,
     contributions,
@@ -29,6 +29,7 @@ from lightning_fedcluster.engine.client import (
     prepare,
     train_metric_sums,
 )
+from lightning_fedcluster.engine.client_sampling import derive_seed, epoch_batch
 from lightning_fedcluster.engine.copies import ClusterCopies, local_optimizer
 from lightning_fedcluster.engine.executors.local import (
     LocalClients,
@@ -42,7 +43,6 @@ from lightning_fedcluster.engine.optimizer_state import load_state, read_state
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.round import Reduce, RoundState
 from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver, Timer, untimed
-from lightning_fedcluster.engine.schedule import derive_seed, epoch_batch
 
 
 class Copies(Protocol):
@@ -203,7 +203,7 @@ def start_personal(
     stored in ``state`` under ``key`` (the client, or its row in a Flower node's store)."""
     if turn.work.plan.from_personal:
         clusters = round_state.global_clusters
-        vectors.load_personal(setup.copies, setup.rule, state, clusters, key, turn.work.context)
+        client_vectors.load_personal(setup.copies, setup.rule, state, clusters, key, turn.work.context)
 
 
 def end_turn(
@@ -214,11 +214,13 @@ def end_turn(
     accepted client's)."""
     work, report, rule = turn.work, turn.work.report, setup.rule
     if rule.capabilities.model_distances:
-        distances = vectors.distances(setup.copies, rule, round_state.global_clusters, work.plan.clusters[0])
+        distances = client_vectors.distances(
+            setup.copies, rule, round_state.global_clusters, work.plan.clusters[0]
+        )
         report = rule.reassign(report, distances, work.context)
     accepted = finish_turn(setup, solver, turn, round_state, report)
     if accepted and round_state.vectors is not None:
-        round_state.vectors["vectors"][work.slot] = vectors.round_vector(
+        round_state.vectors["vectors"][work.slot] = client_vectors.round_vector(
             setup.copies, rule, state, round_state.global_clusters, work
         )
 

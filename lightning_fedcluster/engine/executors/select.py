@@ -8,13 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_fedcluster.engine import vectors
-from lightning_fedcluster.engine.copies import local_optimizer
-from lightning_fedcluster.engine.host import TrainingHost
-from lightning_fedcluster.engine.losses import functional_loss
-from lightning_fedcluster.engine.outputs import logits_selector
-from lightning_fedcluster.engine.plan import EXECUTORS
-from lightning_fedcluster.engine.vectorized import (
+from lightning_fedcluster.engine import client_vectors
+from lightning_fedcluster.engine.batched_steps import (
     SGDConfig,
     engine_batches,
     expand_clients,
@@ -22,6 +17,11 @@ from lightning_fedcluster.engine.vectorized import (
     local_sgd,
     stack_models,
 )
+from lightning_fedcluster.engine.copies import local_optimizer
+from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.engine.losses import functional_loss
+from lightning_fedcluster.engine.outputs import logits_selector
+from lightning_fedcluster.engine.plan import EXECUTORS
 
 DEFAULT_CLIENTS_PER_CHUNK = 64
 # Bound on one chunk's stacked working copies (parameters, gradients, momentum: about 4 copies).
@@ -49,7 +49,7 @@ def vectorized_obstacle(module: TrainingHost) -> str | None:
         return f"{name} trains per-client personal models"
     if rule.capabilities.model_distances:
         return f"{name} assigns clients by distances between locally trained models"
-    if vectors.vector_kind(rule, None) is not None:
+    if client_vectors.vector_kind(rule, None) is not None:
         return f"{name} needs every client's trained model on the server"
     if callable(getattr(model, "per_sample_loss", None)):
         return f"{type(model).__name__}.per_sample_loss calls the model itself, which torch.func cannot batch"

@@ -1,7 +1,7 @@
 """The vectorised executor: a process's share of a round's clients in chunks. Per chunk, one
 no-grad E-step pass over the chunk's concatenated data (the K global models are the same for
 every client), the client contract's ``prepare`` on it, all (client, cluster) SGD steps at once
-through ``torch.func`` (``engine/vectorized.py``: the batched form of the loop's local steps)
+through ``torch.func`` (``engine/batched_steps.py``: the batched form of the loop's local steps)
 and one batched accumulation. Same semantics as the loop executor
 (E-step, sample weights, minibatch order, SGD rule, proximal terms, contributions); results agree
 up to floating-point summation order."""
@@ -12,6 +12,16 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.engine.batched_steps import (
+    SGDConfig,
+    cluster_losses,
+    engine_batches,
+    epoch_engine_batches,
+    expand_clients,
+    functional_template,
+    local_sgd,
+    stack_models,
+)
 from lightning_fedcluster.engine.client import (
     ClientWork,
     contribution_matrix,
@@ -21,6 +31,7 @@ from lightning_fedcluster.engine.client import (
     prepare,
     train_metric_sums,
 )
+from lightning_fedcluster.engine.client_sampling import batches_per_epoch
 from lightning_fedcluster.engine.executors.local import (
     LocalClients,
     Processes,
@@ -32,17 +43,6 @@ from lightning_fedcluster.engine.optimizer_state import momentum_offsets
 from lightning_fedcluster.engine.outputs import logits_selector
 from lightning_fedcluster.engine.round import Reduce, RoundState
 from lightning_fedcluster.engine.runtime import ClientRuntime, Timer, untimed
-from lightning_fedcluster.engine.schedule import batches_per_epoch
-from lightning_fedcluster.engine.vectorized import (
-    SGDConfig,
-    cluster_losses,
-    engine_batches,
-    epoch_engine_batches,
-    expand_clients,
-    functional_template,
-    local_sgd,
-    stack_models,
-)
 
 
 class VectorizedExecutor:

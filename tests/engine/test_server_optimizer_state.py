@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import lightning_fedcluster as lf
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.datamodules import DigitsFederated
-from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
+from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 

@@ -28,15 +28,15 @@ from lightning_fedcluster.engine.federation import (
     initial_client_state,
 )
 from lightning_fedcluster.engine.round import RoundState
-from lightning_fedcluster.engine.server_optimizer import ServerOptimizer
+from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.verified_files import save_verified
 from lightning_fedcluster.flower.grid import GridExecutor, GridRecords
 from lightning_fedcluster.flower.messaging import exchange, wait_for_nodes
-from lightning_fedcluster.flower.nodes import Federation, describe_messages, federation_of
-from lightning_fedcluster.flower.plan import check_supported, server_schedulers
+from lightning_fedcluster.flower.node_registry import Federation, describe_messages, federation_of
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
-from lightning_fedcluster.flower.server_state import resume_from, save_checkpoint
+from lightning_fedcluster.flower.server_checkpoint import resume_from, save_checkpoint
+from lightning_fedcluster.flower.support import check_supported, server_schedulers
 from lightning_fedcluster.metrics.undefined import warn_nan_metrics
 
 NO_NODE_ROWS = "no node that answered has validation rows (or none answered: see the warnings above)"

@@ -1,4 +1,4 @@
-"""flower/plan.py: which strategies run on Flower (each refusal names its reason), the plan a node
+"""flower/support.py: which strategies run on Flower (each refusal names its reason), the plan a node
 receives, the module the nodes train, and the round's hyperparameters the server sends."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch import nn
 
 import lightning_fedcluster as lf
 from lightning_fedcluster import ClusteredModule
-from lightning_fedcluster.flower.plan import (
+from lightning_fedcluster.flower.support import (
     check_supported,
     clustered_module,
     flower_optimizer,

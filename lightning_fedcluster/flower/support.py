@@ -14,8 +14,8 @@ from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.engine.copies import local_solver
+from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.plan import TrainingPlan
-from lightning_fedcluster.engine.schedulers import RoundSchedulers
 
 SCHEDULED_HYPERPARAMETERS = ("lr", "momentum", "betas")
 

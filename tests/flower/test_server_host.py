@@ -138,7 +138,7 @@ class PlateauScheduledMLP(workload.MomentumMLP):
 def test_lr_schedulers_step_on_the_server_as_on_lightning(module, task_identity):
     """The server steps the user's schedulers once per round and sends the lr to the nodes: the
     weights equal the Lightning engine's, which steps the same schedule
-    (tests/engine/test_schedulers.py)."""
+    (tests/engine/test_lr_schedulers.py)."""
     apps = FlowerApps(
         workload.STRATEGIES["fedrc"], module, workload.make_datamodule, num_rounds=workload.ROUNDS,
         collect_client_state=True,

@@ -15,9 +15,7 @@ from lightning_fedcluster.algorithms.mixture import (
     mixture_from_responsibilities,
     responsibilities,
 )
-from lightning_fedcluster.engine.client import minibatch_order
-from lightning_fedcluster.engine.schedule import epoch_batch, local_steps_per_client
-from lightning_fedcluster.engine.vectorized import (
+from lightning_fedcluster.engine.batched_steps import (
     SGDConfig,
     batched_e_step,
     cluster_losses,
@@ -29,6 +27,8 @@ from lightning_fedcluster.engine.vectorized import (
     pad_clients,
     stack_models,
 )
+from lightning_fedcluster.engine.client import minibatch_order
+from lightning_fedcluster.engine.client_sampling import epoch_batch, local_steps_per_client
 
 SIZES = [5, 17, 40, 33, 1]
 BATCH = 16
@@ -142,8 +142,13 @@ def test_local_sgd_does_not_modify_its_inputs():
     start = expand_clients(params, len(SIZES))
     before = {n: p.clone() for n, p in start.items()}
     x, y, weights, offsets, orders, steps = _round_data()
-    local_sgd(functional_template(models[0]), start, buffers, engine_batches(x, y, weights, offsets, orders,
-              steps, BATCH), SGDConfig(lr=0.1))
+    local_sgd(
+        functional_template(models[0]),
+        start,
+        buffers,
+        engine_batches(x, y, weights, offsets, orders, steps, BATCH),
+        SGDConfig(lr=0.1),
+    )
     for name, p in start.items():
         assert torch.equal(p, before[name])
 
@@ -158,8 +163,9 @@ def test_cluster_losses_match_each_model(factory):
         for k, model in enumerate(models):
             logits = model(x)
             torch.testing.assert_close(outputs[k], logits, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(losses[:, k], F.cross_entropy(logits, y, reduction="none"),
-                                       rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                losses[:, k], F.cross_entropy(logits, y, reduction="none"), rtol=1e-5, atol=1e-6
+            )
     none, _ = cluster_losses(functional_template(models[0]), params, buffers, x)
     assert none is None
 

@@ -106,7 +106,7 @@ def test_what_nodes_get_of_the_servers_store_follows_the_declarations_when_k_equ
     once an action rewrote it), ω and label sums too."""
     from lightning_fedcluster.algorithms import Scope, StateEntry
     from lightning_fedcluster.algorithms.client_state import ClientState
-    from lightning_fedcluster.flower.nodes import sent_entries, store_rows
+    from lightning_fedcluster.flower.node_registry import sent_entries, store_rows
 
     entries = (
         StateEntry("bias", Scope.CLUSTER, initial=0.5),

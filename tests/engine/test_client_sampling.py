@@ -1,4 +1,4 @@
-"""engine/schedule.py: the round schedule (client sampling, work assignment, local steps, epoch
+"""engine/client_sampling.py: the round schedule (client sampling, work assignment, local steps, epoch
 batches)."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_fedcluster.engine.client import minibatch_order
-from lightning_fedcluster.engine.schedule import (
+from lightning_fedcluster.engine.client_sampling import (
     RoundSchedule,
     epoch_batch,
     local_steps_per_client,
