@@ -15,7 +15,7 @@ from lightning_fedcluster.prediction import concat_predictions
 from tests.conftest import make_trainer
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
-from tests.flower.test_server import lightning_run
+from tests.flower.test_server_host import lightning_run
 
 
 def saved_run(name: str, path, collect: bool):
