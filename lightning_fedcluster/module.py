@@ -1,17 +1,11 @@
 """ClusteredModule: K cluster copies of the user's LightningModule, trained as federated clients.
 
-The Lightning host of the engine (``lightning_fedcluster.engine``): one Lightning epoch is one
-communication round, and its one training batch runs it (``RoundDriver.run_round``): the executor
-trains this process's share of the round's clients, one all-reduce sums every process's updates,
-the server step and the rule's actions apply them, so callbacks, validation and checkpoints always
-see aggregated weights. The round counts one step of Lightning's optimizer: ``global_step`` is
-the number of rounds trained.
-
-The module holds the K copies and composes the rest; its hooks and methods delegate:
-``federation`` (``training.py``: plan, client store, server optimizer, schedulers, executor, round
-driver; the checkpoint's entries), ``evaluation`` (``engine/evaluation.py``: validation and test),
-``predictions`` (``prediction.py``: new clients, ``predict``, ``trainer.predict``) and the export
-functions (``export.py``).
+The Lightning host of the engine: one epoch is one round, run by its one training batch
+(``RoundDriver.run_round``), so callbacks, validation and checkpoints see aggregated weights and
+``global_step`` counts rounds. The module holds the K copies and composes the rest, to which its
+hooks and methods delegate: ``federation`` (``training.py``: plan, client store, server optimizer,
+schedulers, executor, round driver, checkpoint entries), ``evaluation`` (``engine/evaluation.py``),
+``predictions`` (``prediction.py``) and the export functions (``export.py``).
 """
 
 from __future__ import annotations
@@ -76,19 +70,15 @@ class ClusteredModule(pl.LightningModule):
         logits_from: where the logits are in a dict/tuple forward: a key, an index or a callable.
     """
 
-    client_state = _delegated(
-        "federation", "client_state", "The client store (ω, label sums, ...), from setup on."
-    )
+    client_state = _delegated("federation", "client_state", "The client store, from setup on.")
     rounds_trained = _delegated("federation", "rounds_trained", "Rounds aggregated into the weights.")
     plan = _delegated("federation", "plan", "The strategy's training plan, from setup on.")
-    executor = _delegated("federation", "executor", '"loop" or "vectorized": the executor of the fit.')
-    chunk_size = _delegated("federation", "chunk_size", "Clients per vectorised chunk (vectorised executor).")
+    executor = _delegated("federation", "executor", '"loop" or "vectorized": the fit\'s executor.')
+    chunk_size = _delegated("federation", "chunk_size", "Clients per vectorised chunk.")
     optimizer_layout = _delegated("federation", "optimizer_layout", 'optimizer_state="persist" only.')
-    round_executor = _delegated("federation", "round_executor", "This process's executor, from fit start on.")
-    schedulers = _delegated(
-        "federation", "schedulers", "The local solver's LR schedulers, stepped per round."
-    )
-    driver = _delegated("federation", "driver", "The server side of the rounds, from fit start on.")
+    round_executor = _delegated("federation", "round_executor", "This process's executor (fit).")
+    schedulers = _delegated("federation", "schedulers", "The local solver's LR schedulers.")
+    driver = _delegated("federation", "driver", "The server side of the rounds (fit).")
     server_optimizer = property(lambda self: self.federation.server_optimizer, doc="None: plain averaging.")
 
     def __init__(
@@ -213,8 +203,7 @@ class ClusteredModule(pl.LightningModule):
         self.federation.start(self, self.federated)
 
     def training_step(self, batch: RoundBatch, batch_idx: int) -> None:
-        """One round (one epoch, one batch), run before any callback's ``on_train_batch_end``, so
-        step-based checkpoints see aggregated weights; ``global_step`` counts rounds."""
+        """One round, before any callback's ``on_train_batch_end``: checkpoints see its weights."""
         self.round_metrics = log_round_metrics(self.log, self.federation.run_round(self, batch.round_index))
 
     def on_validation_epoch_start(self) -> None:
@@ -226,8 +215,7 @@ class ClusteredModule(pl.LightningModule):
     def validation_step(self, batch: EvaluationChunk, batch_idx: int) -> None:
         self.evaluation.step(self, batch)
 
-    def test_step(self, batch: EvaluationChunk, batch_idx: int) -> None:
-        self.evaluation.step(self, batch)
+    test_step = validation_step  # one chunk of clients (or one unseen client) scored either way
 
     def on_validation_epoch_end(self) -> None:
         self.eval_metrics = self.evaluation.finish(self, "val", self.log)
