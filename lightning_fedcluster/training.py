@@ -264,16 +264,7 @@ def log_round_metrics(log: Callable[..., None], metrics: dict[str, float]) -> di
     """Log a round's training metrics through ``LightningModule.log`` (the ClusterMonitor gives
     the loggers the round as the step); returns them."""
     warn_nan_metrics(metrics)
+    options = dict(on_step=False, on_epoch=True, logger=False, batch_size=1, sync_dist=True)
     for name, value in metrics.items():
-        prog_bar = name in ("train/loss", "train/acc", "train/mse")
-        log(
-            name,
-            value,
-            prog_bar=prog_bar,
-            on_step=False,
-            on_epoch=True,
-            logger=False,
-            batch_size=1,
-            sync_dist=True,
-        )
+        log(name, value, prog_bar=name in ("train/loss", "train/acc", "train/mse"), **options)
     return metrics
