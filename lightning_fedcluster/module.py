@@ -184,6 +184,10 @@ class ClusteredModule(pl.LightningModule):
         """Outputs of every cluster model, shape [K, N, ...]."""
         return torch.stack([forward_logits(model, x, self.logits_from) for model in self.models])
 
+    def current_round(self) -> int:
+        """The round the running training epoch trains (what the datamodule's loader yields)."""
+        return self.trainer.current_epoch
+
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, stage: str) -> None:
         self.federation.setup(self, self.federated, stage)

@@ -134,11 +134,10 @@ class FederatedTraining:
         self.chunk_size = None
         if self.executor == "vectorized":
             self.chunk_size = chunk_size_for(host, self.plan.clients_per_chunk)
-        trainer = host.trainer
-        datamodule.serve_rounds(lambda: trainer.current_epoch)  # the round each training epoch runs
+        datamodule.serve_rounds(host.current_round)  # the round each training epoch runs
         self.optimizer_layout = None
         if self.plan.persists_optimizer_state:
-            self.optimizer_layout = persistent_layout(host.models, trainer)
+            self.optimizer_layout = persistent_layout(host.models, host.trainer)
             report_store_size(self.optimizer_layout, datamodule.num_clients, self.plan.optimizer_store_dtype)
 
     def configure_optimizers(self, host: TrainingHost) -> Any:
