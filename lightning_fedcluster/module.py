@@ -79,6 +79,7 @@ class ClusteredModule(pl.LightningModule):
     round_executor = _delegated("federation", "round_executor", "This process's executor (fit).")
     schedulers = _delegated("federation", "schedulers", "The local solver's LR schedulers.")
     driver = _delegated("federation", "driver", "The server side of the rounds (fit).")
+    phase_seconds = _delegated("clock", "seconds", "Cumulative wall time per engine phase (PHASES).")
     server_optimizer = property(lambda self: self.federation.server_optimizer, doc="None: plain averaging.")
 
     def __init__(
@@ -117,7 +118,6 @@ class ClusteredModule(pl.LightningModule):
         self.round_metrics: dict[str, float] = {}
         self.eval_metrics: dict[str, float] = {}
         self.clock = PhaseClock()
-        self.phase_seconds = self.clock.seconds  # cumulative wall time per engine phase (PHASES)
         # The federated strategy running this module, handed in when the trainer connects it.
         self.federated: FederatedRun | None = None
         self.federation = FederatedTraining()
