@@ -36,7 +36,7 @@ def set_clock(kind: str) -> None:
     because this machine is shared: wall time swings by 2x or more with other jobs' load.
     """
     global _clock
-    import lightning_fedcluster.module as engine
+    import lightning_fedcluster.engine.runtime as engine
 
     if kind == "cpu":
         # Lightning sets torch's thread count from OMP_NUM_THREADS when a trainer starts (to the

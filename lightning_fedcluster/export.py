@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
+from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.copies import attached_trainer
-from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.lightning_internals import hparams_name
 
 EXPORT_KEY = "fedcluster_export"  # what the exported checkpoint records about its cluster
@@ -45,51 +46,44 @@ def lightning_checkpoint(model: pl.LightningModule, extra: dict[str, Any]) -> di
     return checkpoint
 
 
-class ClusterExport:
-    """The ClusteredModule's export API (a mixin over its cluster copies ``models``)."""
+def active_clusters(state: ClientState | None, num_clusters: int) -> list[int]:
+    """The clusters alive: all K, except FedRC's removed clusters and CFL's clusters not yet split
+    off (all K before a client store exists)."""
+    if state is None:
+        return list(range(num_clusters))
+    return [int(k) for k in state.active.nonzero().flatten()]
 
-    def active_clusters(self: TrainingHost) -> list[int]:
-        """The clusters alive: all K, except FedRC's removed clusters and CFL's clusters not yet split off."""
-        if self.client_state is None:
-            return list(range(self.num_clusters))
-        return [int(k) for k in self.client_state.active.nonzero().flatten()]
 
-    def cluster_module(self: TrainingHost, k: int) -> pl.LightningModule:
-        """Cluster k's trained model as the user's LightningModule (its own class, forward,
-        hyper-parameters and ``configure_optimizers``), a copy detached from the trainer on this
-        module's device. With ``shared_layers`` the copy holds the shared layers too (its own copy).
-        An inactive cluster (removed by FedRC's adaptive K, or a CFL cluster not split off yet) is
-        refused: it holds no trained model of any client group."""
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.num_clusters:
-            raise ValueError(f"k must be a cluster index in 0..{self.num_clusters - 1}, got {k!r}")
-        active = self.active_clusters()
-        if k not in active:
-            raise ValueError(
-                f"cluster {k} is inactive (removed during training, or a CFL cluster never split off); "
-                f"the active clusters are {active}"
-            )
-        return detached_copy(self.models[k])
+def cluster_module(models: Sequence[pl.LightningModule], active: list[int], k: int) -> pl.LightningModule:
+    """A detached copy of cluster model ``k``; an index out of range or an inactive cluster is refused."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(models):
+        raise ValueError(f"k must be a cluster index in 0..{len(models) - 1}, got {k!r}")
+    if k not in active:
+        raise ValueError(
+            f"cluster {k} is inactive (removed during training, or a CFL cluster never split off); "
+            f"the active clusters are {active}"
+        )
+    return detached_copy(models[k])
 
-    def export_clusters(self: TrainingHost, directory: str | Path) -> dict[int, Path]:
-        """Write ``cluster_{k}.ckpt`` for every active cluster k into ``directory`` (created if
-        needed): Lightning checkpoints that ``MyModule.load_from_checkpoint(path)`` loads, the
-        weights of cluster k and the hyper-parameters of the module you passed. Inactive clusters
-        are skipped with a warning. Only global rank 0 writes. Returns {k: path} of the active ones."""
-        directory = Path(directory)
-        active = self.active_clusters()
-        skipped = [k for k in range(self.num_clusters) if k not in active]
-        if skipped:
-            warnings.warn(
-                f"export_clusters skips clusters {skipped}: they are inactive (removed, or never split off)",
-                stacklevel=2,
-            )
-        paths = {k: directory / f"cluster_{k}.ckpt" for k in active}
-        trainer = attached_trainer(self)
-        if trainer is not None and trainer.global_rank != 0:
-            return paths
-        directory.mkdir(parents=True, exist_ok=True)
-        for k, path in paths.items():
-            model = self.cluster_module(k)
-            extra = {EXPORT_KEY: {"cluster": k, "num_clusters": self.num_clusters}}
-            torch.save(lightning_checkpoint(model, extra), path)
+
+def export_clusters(
+    models: Sequence[pl.LightningModule], active: list[int], directory: str | Path, global_rank: int = 0
+) -> dict[int, Path]:
+    """Write ``cluster_{k}.ckpt`` for every active cluster into ``directory`` (rank 0 only; the
+    inactive ones are skipped with a warning). Returns {k: path} of the active ones."""
+    directory = Path(directory)
+    skipped = [k for k in range(len(models)) if k not in active]
+    if skipped:
+        warnings.warn(
+            f"export_clusters skips clusters {skipped}: they are inactive (removed, or never split off)",
+            stacklevel=3,  # the caller of ClusteredModule.export_clusters
+        )
+    paths = {k: directory / f"cluster_{k}.ckpt" for k in active}
+    if global_rank != 0:
         return paths
+    directory.mkdir(parents=True, exist_ok=True)
+    for k, path in paths.items():
+        model = cluster_module(models, active, k)
+        extra = {EXPORT_KEY: {"cluster": k, "num_clusters": len(models)}}
+        torch.save(lightning_checkpoint(model, extra), path)
+    return paths

@@ -215,3 +215,19 @@ def test_val_check_interval_counts_rounds():
     trainer = make_trainer(_fedrc(), 4, check_val_every_n_epoch=None, val_check_interval=2, callbacks=[seen])
     trainer.fit(MLPClassifier(), datamodule=_digits())
     assert seen.rounds == [2, 4] and trainer.global_step == 4
+
+
+def test_the_module_is_a_lightning_module_composed_of_parts_not_mixins():
+    """Every base class is Lightning's; the attributes users and callbacks read and write live in
+    the part that owns them (``module.federation``), and no part adds weights to the state dict."""
+    import lightning.pytorch as pl
+
+    from lightning_fedcluster import ClusteredModule
+
+    assert ClusteredModule.__bases__ == (pl.LightningModule,)
+    module = ClusteredModule(MLPClassifier(hidden=(4,)), K)
+    store, plan = object(), FedRCStrategy(K).plan
+    module.client_state, module.rounds_trained, module.federation.plan = store, 3, plan
+    assert module.federation.client_state is store and module.federation.rounds_trained == 3
+    assert module.plan is plan and module.rule is plan.rule
+    assert {key.split(".")[0] for key in module.state_dict()} == {"models"}

@@ -15,8 +15,8 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.engine.copies import attached_trainer, local_optimizer
-from lightning_fedcluster.engine.host import TrainingHost
+from lightning_fedcluster.engine.copies import local_optimizer
+from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.server_optimizer_state import SERVER_OPTIMIZER_KEY, ServerOptimizer
 
 CLIENT_STATE_KEY = "fedcluster_client_state"
@@ -194,48 +194,45 @@ def check_solver_layout(saved: dict[str, Any], optimizer: Any) -> None:
         )
 
 
-class CheckpointHooks:
-    """The TrainingHost's checkpoint hooks (a mixin): the client store and the metadata above
-    go into every checkpoint; loading checks them before the client store is restored."""
+def checkpoint_entries(
+    plan: TrainingPlan,
+    state: ClientState | None,
+    server_optimizer: ServerOptimizer | None,
+    rounds_trained: int,
+) -> dict[str, Any]:
+    """What a fit adds to a Lightning checkpoint besides the weights: the server optimizer's state,
+    the client store and the metadata above (none of the three where there is nothing to save)."""
+    entries: dict[str, Any] = {}
+    if server_optimizer is not None:
+        entries[SERVER_OPTIMIZER_KEY] = server_optimizer.state_dict()
+    if state is None:
+        return entries
+    entries[CLIENT_STATE_KEY] = state.state_dict()
+    schedule = schedule_config(plan)
+    entries[METADATA_KEY] = metadata(plan.name, plan.rule, state, None, schedule, rounds_trained)
+    return entries
 
-    def on_save_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
-        if self.server_optimizer is not None:
-            ckpt[SERVER_OPTIMIZER_KEY] = self.server_optimizer.state_dict()
-        if self.client_state is None:
-            return
-        ckpt[CLIENT_STATE_KEY] = self.client_state.state_dict()
-        schedule = schedule_config(self.plan)
-        ckpt[METADATA_KEY] = metadata(
-            self.plan.name, self.rule, self.client_state, None, schedule, self.rounds_trained
-        )
 
-    def on_load_checkpoint(self: TrainingHost, ckpt: dict[str, Any]) -> None:
-        check_num_clusters(ckpt, self.num_clusters)
-        trainer = attached_trainer(self)
-        fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
-        if fitting and "loops" in ckpt:  # resuming a fit (not a checkpoint of weights alone)
-            check_step_unit(ckpt)
-        if fitting and ckpt.get("optimizer_states"):
-            check_solver_layout(ckpt["optimizer_states"][0], local_optimizer(self.models, trainer))
-        load_server_optimizer(self.server_optimizer, ckpt)
-        self.rounds_trained = int((ckpt.get(METADATA_KEY) or {}).get("rounds_trained", 0))
-        state = ckpt.get(CLIENT_STATE_KEY)
-        if state is None:
-            return
-        if self.client_state is None:
-            self._pending_state, self._pending_metadata = state, ckpt.get(METADATA_KEY)
-        else:
-            self._load_client_state(state, ckpt.get(METADATA_KEY))
+def check_checkpoint(ckpt: dict[str, Any], num_clusters: int, models: Any, trainer: Any) -> None:
+    """Refuse, before anything is restored, a checkpoint of another K and, when it resumes a fit,
+    one whose ``global_step`` counted client-steps or whose solver has other parameter groups."""
+    check_num_clusters(ckpt, num_clusters)
+    fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
+    if fitting and "loops" in ckpt:  # resuming a fit (not a checkpoint of weights alone)
+        check_step_unit(ckpt)
+    if fitting and ckpt.get("optimizer_states"):
+        check_solver_layout(ckpt["optimizer_states"][0], local_optimizer(models, trainer))
 
-    def _load_client_state(
-        self: TrainingHost, state: dict[str, Tensor], saved: dict[str, Any] | None
-    ) -> None:
-        assert self.client_state is not None
-        name = self.plan.name
-        differences = check_resumable(saved, name, self.rule, self.client_state, schedule_config(self.plan))
-        if differences:
-            rank_zero_warn(f"resuming {name} with a changed configuration: " + "; ".join(differences))
-        self.client_state.load_state_dict(state)
+
+def restore_client_state(
+    state: ClientState, saved: dict[str, Tensor], saved_metadata: dict[str, Any] | None, plan: TrainingPlan
+) -> None:
+    """Load a checkpoint's client store into ``state`` after ``check_resumable``; the allowed
+    configuration changes are listed in a warning."""
+    differences = check_resumable(saved_metadata, plan.name, plan.rule, state, schedule_config(plan))
+    if differences:
+        rank_zero_warn(f"resuming {plan.name} with a changed configuration: " + "; ".join(differences))
+    state.load_state_dict(saved)
 
 
 def resume_hint(trainer: Any) -> str:

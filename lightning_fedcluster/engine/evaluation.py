@@ -23,6 +23,7 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.datamodules.loaders import EvaluationChunk
+from lightning_fedcluster.engine import client_vectors
 from lightning_fedcluster.engine.copies import ClusterCopies, Snapshot, attached_trainer
 from lightning_fedcluster.engine.executors.loop import finetune
 from lightning_fedcluster.engine.host import TrainingHost
@@ -91,9 +92,10 @@ def personal_prediction(
     omega = module.client_state.omega[client].to(module.device)
     personal = module.client_state.personal.get(client) if module.rule.capabilities.personal_models else None
     if personal is not None or not module.finetune_epochs:
+        occupied = client_vectors.personal_copies(module.rule, module.num_clusters)
         outputs_of = lambda rows: module.evaluate_clusters(rows)[1]  # noqa: E731
         return client_prediction(
-            module.rule, module.copies, outputs_of, x, omega, personal, module.personal_copies(), snapshot
+            module.rule, module.copies, outputs_of, x, omega, personal, occupied, snapshot
         )
     try:
         omega = finetune(module, client, module.finetune_epochs, log_label_stats)
@@ -244,51 +246,41 @@ def undefined_causes(
     return causes
 
 
-class EvaluationHooks:
-    """The TrainingHost's validation and test hooks (a mixin): one ``Evaluation`` per pass,
-    one chunk of clients (or one unseen client) per step, metrics logged at the end."""
+class Evaluator:
+    """The validation and test passes of a host (a component the ClusteredModule holds): one
+    ``Evaluation`` per pass, one chunk of clients (or one unseen client) per step, the metrics
+    logged at the end through ``log`` (``LightningModule.log``)."""
 
-    def on_validation_epoch_start(self: TrainingHost) -> None:
-        self._evaluation = Evaluation(self, "val")
+    def __init__(self) -> None:
+        self.current: Evaluation | None = None
 
-    def on_test_epoch_start(self: TrainingHost) -> None:
-        warn_if_untrained(self)
-        self._evaluation = Evaluation(self, "test")
+    def start(self, host: TrainingHost, stage: str) -> None:
+        if stage == "test":
+            warn_if_untrained(host)
+        self.current = Evaluation(host, stage)
 
-    def validation_step(self: TrainingHost, batch: EvaluationChunk, batch_idx: int) -> None:
-        self._evaluate(batch)
-
-    def test_step(self: TrainingHost, batch: EvaluationChunk, batch_idx: int) -> None:
-        self._evaluate(batch)
-
-    def _evaluate(self: TrainingHost, item: EvaluationChunk) -> None:
-        assert self._evaluation is not None
-        with self.timed("evaluation"):
+    def step(self, host: TrainingHost, item: EvaluationChunk) -> None:
+        assert self.current is not None
+        with host.timed("evaluation"):
             if item.global_index >= 0:
-                self._evaluation.global_client(self, item.global_index)
+                self.current.global_client(host, item.global_index)
             elif item.clients.numel():
-                self._evaluation.local_chunk(self, item.clients.tolist())
+                self.current.local_chunk(host, item.clients.tolist())
 
-    def on_validation_epoch_end(self: TrainingHost) -> None:
-        self._finish_evaluation("val")
-
-    def on_test_epoch_end(self: TrainingHost) -> None:
-        self._finish_evaluation("test")
-
-    def _finish_evaluation(self: TrainingHost, stage: str) -> None:
-        assert self._evaluation is not None
-        metrics = self._evaluation.metrics(self, stage)
-        if not self.trainer.sanity_checking:  # the sanity check's metrics are not logged
-            warn_nan_metrics(metrics, self._evaluation.undefined)
-        self._evaluation = None
-        self.eval_metrics = metrics
-        metric = Task.of(self.task).metric
+    def finish(self, host: TrainingHost, stage: str, log: Callable[..., None]) -> dict[str, float]:
+        """The pass's metrics, logged (and returned)."""
+        assert self.current is not None
+        metrics = self.current.metrics(host, stage)
+        if not host.trainer.sanity_checking:  # the sanity check's metrics are not logged
+            warn_nan_metrics(metrics, self.current.undefined)
+        self.current = None
+        metric = Task.of(host.task).metric
         # During a fit the ClusterMonitor logs validation with the round as its step; a test pass or
         # a trainer.validate() logs (and returns) its metrics through Lightning (None: no warning).
-        trainer = attached_trainer(self)
+        trainer = attached_trainer(host)
         fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
         for name, value in metrics.items():
-            self.log(
+            log(
                 name,
                 value,
                 logger=False if fitting else None,
@@ -298,7 +290,8 @@ class EvaluationHooks:
             )
         if not fitting:  # Lightning's public way to give the loggers a step: the round, as for
             # every other scalar of the run (ClusterMonitor); global_step counts rounds too
-            self.log("step", float(self.rounds_trained), batch_size=1, sync_dist=True)
+            log("step", float(host.rounds_trained), batch_size=1, sync_dist=True)
+        return metrics
 
 
 def warn_if_untrained(host: TrainingHost) -> None:

@@ -1,5 +1,5 @@
-"""``TrainingHost``: what the engine's executors, evaluation and checkpoint hooks read of the
-object that holds the K working copies during a Lightning fit (``ClusteredModule``).
+"""``TrainingHost``: what the engine's executors and evaluation and the module's components read
+of the object that holds the K working copies during a Lightning fit (``ClusteredModule``).
 
 A Protocol, so that nothing under ``engine/`` imports the Lightning glue above it (no import
 cycle, not even for type hints). Trainer-free callers (a Flower node, the round driver) do not
@@ -8,7 +8,7 @@ need a host: they pass a ``LocalSetup`` and a ``LocalSolver`` to the client turn
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import torch
@@ -18,9 +18,9 @@ from lightning_fedcluster.algorithms.base import Algorithm, ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.client_sampling import RoundSchedule
 from lightning_fedcluster.engine.copies import ClusterCopies
-from lightning_fedcluster.engine.optimizer_state import StateLayout
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.task import Task
 
 
 class FederatedRun(Protocol):
@@ -52,21 +52,24 @@ class FederatedRun(Protocol):
 
 
 class TrainingHost(Protocol):
-    """The K working copies and the per-fit values the engine reads (set by the host's setup)."""
+    """What the engine and the module's components (``training.py``, ``prediction.py``, the
+    ``Evaluator``) read of the ClusteredModule: the K working copies, the per-fit values its setup
+    sets (``task``, the pass sizes) and a few services. Exactly these members
+    (``tests/engine/test_host.py`` checks that each is used and that nothing else is)."""
 
-    plan: TrainingPlan | None
     models: nn.ModuleList
     copies: ClusterCopies
+    plan: TrainingPlan | None
     client_state: ClientState | None
     rounds_trained: int
-    task: str
+    task: Task
     seed: int
     logits_from: LogitsFrom
     shared_layers: tuple[str, ...]
+    eval_batch_size: int
     pass_rows: int
     stacked_pass_rows: int
-    optimizer_layout: StateLayout | None
-    trainer: Any  # Lightning's Trainer: its datamodule and state
+    trainer: Any  # Lightning's Trainer: its datamodule, state, precision plugin
 
     @property
     def device(self) -> torch.device: ...
@@ -83,10 +86,9 @@ class TrainingHost(Protocol):
     @property
     def finetune_epochs(self) -> int: ...
 
-    @property
-    def data(self) -> dict[str, Tensor]: ...
+    def timed(self, phase: str) -> AbstractContextManager[None]: ...
 
-    def timed(self, phase: str) -> Iterator[None]: ...
+    def current_round(self) -> int: ...
 
     def split(self, name: str, index: int) -> tuple[Tensor, Tensor]: ...
 
@@ -95,8 +97,6 @@ class TrainingHost(Protocol):
     def evaluate_clusters(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]: ...
 
     def reduce_sum(self, tensor: Tensor) -> Tensor: ...
-
-    def personal_copies(self) -> range: ...
 
     def current_label_stats(self) -> Tensor | None: ...
 

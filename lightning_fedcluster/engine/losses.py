@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor, nn
 
 from lightning_fedcluster.engine.outputs import LogitsFrom, forward_logits
+from lightning_fedcluster.engine.setup_checks import input_shape_error
 from lightning_fedcluster.engine.task import Task
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -105,6 +107,28 @@ def evaluate_models(
             losses.append(torch.cat(loss_k))
         outputs.append(torch.cat(out_k))
     return (torch.stack(losses, dim=1) if y is not None else None), torch.stack(outputs)
+
+
+def evaluate_explained(
+    models: Sequence[nn.Module],
+    x: Tensor,
+    y: Tensor | None,
+    task: str,
+    batch_size: int,
+    logits_from: LogitsFrom,
+    context: AbstractContextManager[object],
+) -> tuple[Tensor | None, Tensor]:
+    """``evaluate_models`` inside ``context`` (the precision plugin's forward context: some passes
+    run in hooks, where Lightning enters no step context), a shape mismatch of the inputs
+    explained with its fix (``input_shape_error``)."""
+    try:
+        with context:
+            return evaluate_models(models, x, y, task, batch_size, logits_from)
+    except RuntimeError as error:
+        explained = input_shape_error(type(models[0]).__name__, x, error)
+        if explained is error:
+            raise
+        raise explained from error
 
 
 @torch.no_grad()

@@ -6,7 +6,9 @@ executor reuses it for every client; a Flower node builds its own once per run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,30 @@ Timer = Callable[[str], AbstractContextManager[None]]
 
 def untimed(phase: str) -> AbstractContextManager[None]:
     return nullcontext()
+
+
+PHASES = ("e_step", "local_training", "aggregation", "evaluation")
+
+
+class PhaseClock:
+    """Cumulative wall time per engine phase (``seconds``, for benchmarks' breakdowns); a CUDA
+    device is synchronised around each block, so the time is the work's, not its launch's."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+
+    @contextlib.contextmanager
+    def timed(self, phase: str, device: torch.device) -> Iterator[None]:
+        """Add the wall time of the block to ``seconds[phase]``."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.seconds[phase] += time.perf_counter() - start
 
 
 @dataclass

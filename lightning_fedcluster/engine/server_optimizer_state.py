@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig, direction
-from lightning_fedcluster.engine.plan import TrainingPlan
 
 SERVER_OPTIMIZER_KEY = "fedcluster_server_optimizer"
 
@@ -74,20 +73,3 @@ class ServerOptimizer:
 
 def cluster_group(k: int) -> str:
     return f"cluster{k}"
-
-
-class ServerOptimizerHooks:
-    """The ClusteredModule's server optimizer (a mixin): built from the training plan's
-    configuration, None for ``server_optimizer="none"`` or before a plan is set."""
-
-    _server_optimizer: ServerOptimizer | None = None
-    plan: TrainingPlan | None = None
-
-    @property
-    def server_optimizer(self) -> ServerOptimizer | None:
-        config = None if self.plan is None else self.plan.server_optimizer
-        if config is None or config.kind == "none":
-            return None
-        if self._server_optimizer is None or self._server_optimizer.config != config:
-            self._server_optimizer = ServerOptimizer(config)
-        return self._server_optimizer

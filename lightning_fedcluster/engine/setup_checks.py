@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from lightning_fedcluster.engine.host import FederatedRun
 from lightning_fedcluster.engine.outputs import LogitsFrom, select_logits
 
 # Rows of the first client the output checks forward.
@@ -26,7 +27,9 @@ FLAT_DATA_FIX = (
 LOSS_GROWTH_FACTOR = 100.0
 
 
-def check_training_setup(run: Any, datamodule: Any, num_clusters: int, datamodule_type: type) -> None:
+def check_training_setup(
+    run: FederatedRun | None, datamodule: Any, num_clusters: int, datamodule_type: type
+) -> None:
     """A federated strategy handed in (``run``: one that builds a ``TrainingPlan``) and a
     datamodule whose K agrees with the module's."""
     if run is None:
