@@ -282,7 +282,11 @@ def test_after_group_round_every_client_with_a_signature_is_grouped(executor):
     assert_close(state.extra[SIGNATURE_ROWS][state.seen], state.label_sums[state.seen].sum(2))
 
 
-def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path):
+ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
+
+
+@pytest.mark.parametrize(("grouping", "epoch"), [({}, 0), (ROBUST, 2)], ids=["before", "in-the-hold"])
+def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     import lightning_fedcluster as lf
@@ -290,23 +294,25 @@ def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path):
     from lightning_fedcluster.models import MLPClassifier
     from tests.conftest import make_trainer
 
-    straight = _grouped_fit(4)
-    _grouped_fit(1, enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)])
-    (checkpoint,) = tmp_path.glob("epoch=0-*.ckpt")
+    straight = _grouped_fit(5, grouping=grouping)
+    _grouped_fit(
+        epoch + 1,
+        grouping=grouping,
+        enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)],
+    )
+    (checkpoint,) = tmp_path.glob(f"epoch={epoch}-*.ckpt")
     torch.manual_seed(0)
     strategy = lf.FedRCStrategy(
-        3, clients_per_round=6, local_steps=2, group_round=2, group_share=0.8, executor="loop"
+        3, clients_per_round=6, local_steps=2, group_round=2, group_share=0.8, executor="loop", **grouping
     )
-    resumed = make_trainer(strategy, max_epochs=4)
+    resumed = make_trainer(strategy, max_epochs=5)
     resumed.fit(
         MLPClassifier(lr=0.2),
         datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0),
         ckpt_path=checkpoint,
     )
     assert_same_fit(straight, resumed)
-
-
-ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
 
 
 def test_held_clients_keep_their_grouped_omega_for_the_hold_rounds_then_move():
