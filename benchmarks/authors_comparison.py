@@ -67,6 +67,7 @@ from _common import (
     quiet,
     set_clock,
 )
+from _drift_probe import DriftDiagnostics
 from _takeoff_variants import anneal
 
 from lightning_fedcluster import FedRCStrategy
@@ -428,6 +429,12 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         options["optimizer_state_dir"] = args.optimizer_state_dir
     if args.group_round is not None:
         options.update(group_round=args.group_round, group_share=args.group_share)
+        if args.group_assign != "medoid":
+            options["group_assign"] = args.group_assign
+        if args.group_margin is not None:
+            options["group_margin"] = args.group_margin
+        if args.group_hold:
+            options["group_hold"] = args.group_hold
     if args.merge_threshold is not None:
         options.update(merge_threshold=args.merge_threshold, merge_after=args.merge_after)
     if args.label_stats_floor is not None:
@@ -478,7 +485,13 @@ def run(args: argparse.Namespace) -> None:
         if args.diagnostics is not None:
             path = Path(args.diagnostics) / f"seed{seed}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            callbacks.append(TakeoffDiagnostics(gradients=args.gradients, path=path, keep_signatures=True))
+            if args.diagnostics_from is None:
+                probe = TakeoffDiagnostics(gradients=args.gradients, path=path, keep_signatures=True)
+            else:
+                probe = DriftDiagnostics(
+                    args.diagnostics_from, gradients=args.gradients, path=path, keep_signatures=True
+                )
+            callbacks.append(probe)
         trainer = make_trainer(
             strategy,
             args.rounds,
@@ -559,6 +572,11 @@ def main() -> None:
     r.add_argument("--merge-threshold", type=float, default=None, help="FedRC's cluster merging (nats)")
     r.add_argument("--merge-after", type=int, default=0, help="first round index a merge may follow")
     r.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
+    r.add_argument(
+        "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
+    )
+    r.add_argument("--group-margin", type=float, default=None, help="FedRC's group_margin")
+    r.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
     r.add_argument("--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)")
     r.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu", help="Lightning's accelerator")
     r.add_argument("--quiet-rounds", action="store_true", help="print only each seed's last round")
@@ -569,6 +587,10 @@ def main() -> None:
     r.add_argument(
         "--gradients", action="store_true", help="with --diagnostics: last-layer gradient signatures"
     )
+    r.add_argument(
+        "--diagnostics-from", type=int, default=None,
+        help="with --diagnostics: record from this round on, with the E-step's parts (_drift_probe.py)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.command == "write":
         write(args)

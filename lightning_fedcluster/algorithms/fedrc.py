@@ -25,7 +25,7 @@ from lightning_fedcluster.algorithms.base import (
     soft_e_step_of_clients,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
-from lightning_fedcluster.algorithms.grouping import ConceptGrouping
+from lightning_fedcluster.algorithms.grouping import ConceptGrouping, held_report
 from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, ClusterMerging, client_scores
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
 from lightning_fedcluster.algorithms.protocols import ClientOutputs, LabelStatistics
@@ -55,6 +55,12 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         group_round: concept grouping (:mod:`.grouping`, ours): after this many rounds, group the
             clients by their prediction signatures and give each group one cluster (None: never).
         group_share: the grouped clients' ω on their group's cluster.
+        group_assign: "medoid" (k-medoids' groups) or "mean" (refined by the mean distance to each
+            group's members, weighted by the labels a pair shares; :mod:`.grouping`).
+        group_margin: group only the clients whose best group score is below this times the
+            second best; the others get uniform ω (None: group every client).
+        group_hold: for this many rounds after the grouping, a grouped client's γ is its ω
+            (:mod:`.grouping`; 0: never).
         merge_threshold: merging (:mod:`.merging`, ours): retire one of the two clusters whose
             members' log-likelihood gap is below this (nats per sample; None: never).
         merge_after: the first round index after which a merge may happen.
@@ -75,6 +81,9 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         reseed_seed: int = 0,
         group_round: int | None = None,
         group_share: float = 0.9,
+        group_assign: str = "medoid",
+        group_margin: float | None = None,
+        group_hold: int = 0,
         merge_threshold: float | None = None,
         merge_after: int = 0,
     ) -> None:
@@ -91,13 +100,20 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
                 raise ValueError(f"{name} cannot be combined with adam_gamma: use one or the other")
         for name, value, default, needs, on in (
             ("group_share", group_share, 0.9, "group_round", group_round is not None),
+            ("group_assign", group_assign, "medoid", "group_round", group_round is not None),
+            ("group_margin", group_margin, None, "group_round", group_round is not None),
+            ("group_hold", group_hold, 0, "group_round", group_round is not None),
             ("merge_after", merge_after, 0, "merge_threshold", merge_threshold is not None),
         ):
             if not on and value != default:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
-        self.grouping = None if group_round is None else ConceptGrouping(group_round, group_share)
+        self.grouping = (
+            None
+            if group_round is None
+            else ConceptGrouping(group_round, group_share, group_assign, group_margin, group_hold)
+        )
         self.merging = None if merge_threshold is None else ClusterMerging(merge_threshold, merge_after)
         self.uses_client_outputs = self.grouping is not None
         self.uses_label_stats = use_label_stats
@@ -230,6 +246,8 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             and grouping.wants_signature(context.round_index)
         ):
             grouping.record_signature(context.outputs, labels, context.active, context.extra)
+        if grouping is not None and grouping.hold and grouping.holds(context.round_index, context.extra):
+            report = held_report(context.omega.to(report.gamma), context.active, labels, context.num_classes)
         if self.adam_gamma:
             report = self._adam_step(report, labels, context)
         sigma = self.noise_std(context.client)

@@ -15,6 +15,21 @@ over two groups is merged back later by ``algorithms/merging.py``). Each group g
 cluster that holds most of its members' ω mass, and its members' ω becomes ``share`` on that
 cluster and the rest spread evenly over the other kept clusters; FedRC's EM continues from there,
 so a client put in the wrong group can still move. Clients without a signature keep their ω.
+
+Two options make the grouping robust to clients whose signatures are noisy (corrupted images,
+few labels shared with the others; measured in ``docs/how-clusters-form.md``):
+``assign="mean"`` moves each client, after k-medoids, to the group whose members are closest on
+average (each member weighted by the number of labels the two share, so one noisy pair, such as
+the distance to a medoid that shares one label, does not decide); ``margin`` groups only the
+clients whose best group is clearly closer than the second best (score < ``margin`` × second
+best) and gives the others uniform ω over the alive clusters, for FedRC's E-step to place once
+the grouped clusters have specialised.
+
+``hold`` keeps the grouping for that many rounds: a grouped client's E-step gives every one of its
+samples γ = its ω (the per-sample responsibilities are set aside, and ω stays as grouped). Without
+it, a cluster that cannot predict some labels (it lost them to the other clusters before the
+grouping) sends its own concept's samples of those labels elsewhere at once, never learns them,
+and the concept's clients drift out of it (measured on digits-28, ``docs/how-clusters-form.md``).
 """
 
 from __future__ import annotations
@@ -25,12 +40,22 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import Note, Reassign, ServerAction
+from lightning_fedcluster.algorithms.actions import Note, Reassign, ServerAction, SetState
 from lightning_fedcluster.algorithms.client_state import CLASSES, ClientState, Scope, StateEntry
+from lightning_fedcluster.algorithms.client_turn import ClientReport
+from lightning_fedcluster.algorithms.mixture import label_sums
 from lightning_fedcluster.algorithms.server_view import ClientStoreView
-from lightning_fedcluster.algorithms.signatures import client_signature, k_medoids, signature_distances
+from lightning_fedcluster.algorithms.signatures import (
+    canonical_labels,
+    client_signature,
+    fill_unknown,
+    k_medoids,
+    signature_distances,
+)
 
 SIGNATURE, SIGNATURE_ROWS = "signature", "signature_rows"
+HELD = "group_held"  # 1 for a client the grouping placed (and holds with ``hold``), else 0
+ASSIGNMENTS = ("medoid", "mean")
 
 
 @dataclass(frozen=True)
@@ -38,10 +63,16 @@ class ConceptGrouping:
     """When and how the server groups clients by signature (see the module docstring).
 
     ``group_round``: rounds before the grouping (it happens after that many rounds); ``share``:
-    the grouped clients' ω on their group's cluster."""
+    the grouped clients' ω on their group's cluster; ``assign``: "medoid" (k-medoids' groups) or
+    "mean" (refined by the mean distance to the group's members); ``margin``: group only the
+    clients whose best group score is below ``margin`` × the second best (None: every client);
+    ``hold``: rounds after the grouping in which the grouped clients' γ is their ω."""
 
     group_round: int
     share: float = 0.9
+    assign: str = "medoid"
+    margin: float | None = None
+    hold: int = 0
 
     def __post_init__(self) -> None:
         if (
@@ -58,13 +89,32 @@ class ConceptGrouping:
             or not 0 < self.share <= 1
         ):
             raise ValueError(f"group_share must be in (0, 1], got {self.share!r}")
+        if self.assign not in ASSIGNMENTS:
+            raise ValueError(f"group_assign must be one of {ASSIGNMENTS}, got {self.assign!r}")
+        margin = self.margin
+        if margin is not None and (
+            isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1
+        ):
+            raise ValueError(
+                f"group_margin must be in (0, 1) (a client's best group score over its second best), "
+                f"got {margin!r}"
+            )
+        if isinstance(self.hold, bool) or not isinstance(self.hold, int) or self.hold < 0:
+            raise ValueError(f"group_hold must be a non-negative integer (rounds), got {self.hold!r}")
 
     def state_entries(self) -> tuple[StateEntry, ...]:
-        """Each client's latest signature [C, C] and its row count per label [C], reported."""
-        return (
+        """Each client's latest signature [C, C] and its row count per label [C], reported; with
+        ``hold``, whether the server grouped the client (set by the server, read by the client)."""
+        entries = (
             StateEntry(SIGNATURE, Scope.CLIENT, (CLASSES, CLASSES), reported=True),
             StateEntry(SIGNATURE_ROWS, Scope.CLIENT, (CLASSES,), reported=True),
         )
+        return entries + ((StateEntry(HELD, Scope.CLIENT),) if self.hold else ())
+
+    def holds(self, round_index: int, extra: dict[str, Tensor]) -> bool:
+        """Whether this client's E-step of round ``round_index`` is held (γ = ω)."""
+        within = self.group_round <= round_index < self.group_round + self.hold
+        return within and bool(extra[HELD] > 0)
 
     def wants_signature(self, round_index: int) -> bool:
         return round_index < self.group_round
@@ -88,17 +138,113 @@ class ConceptGrouping:
                     f"round {round_index}: concept grouping skipped (fewer than two clients with signatures)"
                 )
             ]
-        distances, _ = signature_distances(
-            state.extra[SIGNATURE][clients], state.extra[SIGNATURE_ROWS][clients]
-        )
+        rows = state.extra[SIGNATURE_ROWS][clients]
+        distances, _ = signature_distances(state.extra[SIGNATURE][clients], rows)
         groups, _ = k_medoids(distances, int(state.active.sum()))
-        omega = grouped_omega(groups, state.omega[clients], state.active, self.share)
-        sizes = torch.bincount(groups).tolist()
+        held = (rows >= 1).to(torch.float64)
+        shared = held @ held.T  # labels each pair holds both: the weight of their distance
+        if self.assign == "mean":
+            groups = mean_distance_groups(distances, shared, groups)
+        if self.margin is None:
+            omega = grouped_omega(groups, state.omega[clients], state.active, self.share)
+            sizes = torch.bincount(groups).tolist()
+            note = Note(
+                f"round {round_index}: grouped {clients.numel()} clients by concept signature into "
+                f"{len(sizes)} groups of {sizes} clients"
+            )
+            return [Reassign(clients, omega), *self._held(state, clients), note]
+        if self.assign == "mean":
+            scores = mean_scores(distances, shared, groups)
+        else:
+            scores = medoid_scores(distances, groups)
+        sure = confident(scores, self.margin)
+        omega = uniform_omega(clients.numel(), state.active)
+        if bool(sure.any()):
+            kept = canonical_labels(groups[sure])
+            omega[sure] = grouped_omega(kept, state.omega[clients][sure], state.active, self.share)
+            sizes = torch.bincount(kept).tolist()
+        else:
+            sizes = []
         note = Note(
-            f"round {round_index}: grouped {clients.numel()} clients by concept signature into "
-            f"{len(sizes)} groups of {sizes} clients"
+            f"round {round_index}: grouped {int(sure.sum())} of {clients.numel()} clients by concept "
+            f"signature into {len(sizes)} groups of {sizes} clients (margin {self.margin}); "
+            f"{int((~sure).sum())} set to uniform ω"
         )
-        return [Reassign(clients, omega), note]
+        return [Reassign(clients, omega), *self._held(state, clients[sure]), note]
+
+    def _held(self, state: ClientState | ClientStoreView, grouped: Tensor) -> list[ServerAction]:
+        """With ``hold``: the action that marks the grouped clients (and only them) as held."""
+        if not self.hold:
+            return []
+        flags = torch.zeros_like(state.extra[HELD])
+        flags[grouped] = 1.0
+        return [SetState(HELD, flags)]
+
+
+def held_report(omega: Tensor, active: Tensor, labels: Tensor, num_classes: int) -> ClientReport:
+    """A held client's E-step: every sample's γ is the client's ω [K] (over the alive clusters),
+    ω is unchanged, and the label sums follow from that γ."""
+    weights = omega.to(torch.float64) * active.to(device=omega.device, dtype=torch.float64)
+    weights = weights / weights.sum()
+    gamma = weights.expand(labels.numel(), -1).clone()
+    return ClientReport(gamma=gamma, omega=weights, label_sums=label_sums(gamma, labels, num_classes))
+
+
+def mean_scores(distances: Tensor, weights: Tensor, groups: Tensor) -> Tensor:
+    """Each client's score per group [M, G]: the weighted mean of its distances to the group's
+    other members (weights [M, M], e.g. the labels a pair shares; pairs with weight 0 or an
+    unknown distance left out); +inf for a group with no such member."""
+    count = int(groups.max()) + 1
+    known = ~distances.isnan()
+    w = torch.where(known, weights.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    w = w.masked_fill(torch.eye(w.shape[0], dtype=torch.bool, device=w.device), 0.0)
+    member = torch.nn.functional.one_hot(groups, count).to(torch.float64)  # [M, G]
+    total = (w * torch.nan_to_num(distances.to(torch.float64), nan=0.0)) @ member
+    mass = w @ member
+    return torch.where(mass > 0, total / mass.clamp_min(1e-300), torch.full_like(total, torch.inf))
+
+
+def mean_distance_groups(
+    distances: Tensor, weights: Tensor, groups: Tensor, max_iterations: int = 100
+) -> Tensor:
+    """Refine a grouping [M]: move every client to the group of the lowest :func:`mean_scores`
+    (all at once), until nothing changes (at most ``max_iterations`` times). A client with no
+    finite score keeps its group. Returns canonical labels [M]."""
+    for _ in range(max_iterations):
+        scores = mean_scores(distances, weights, groups)
+        best = scores.argmin(1)
+        moved = torch.where(scores.isfinite().any(1), best, groups)
+        if torch.equal(moved, groups):
+            break
+        groups = canonical_labels(moved)
+    return canonical_labels(groups)
+
+
+def medoid_scores(distances: Tensor, groups: Tensor) -> Tensor:
+    """Each client's distance to each group's medoid [M, G] (the member with the least total
+    distance to its group; unknown distances count as the largest known one)."""
+    filled = fill_unknown(distances.to(torch.float64))
+    count = int(groups.max()) + 1
+    member = torch.nn.functional.one_hot(groups, count).to(torch.bool)  # [M, G]
+    inside = torch.where(
+        member, filled @ member.to(torch.float64), torch.full(member.shape, torch.inf, dtype=torch.float64)
+    )
+    medoids = inside.argmin(0)  # [G]
+    return filled[:, medoids]
+
+
+def confident(scores: Tensor, margin: float) -> Tensor:
+    """[M] bool: the best score is below ``margin`` times the second best (a single group: all)."""
+    if scores.shape[1] < 2:
+        return torch.ones(scores.shape[0], dtype=torch.bool)
+    two = scores.topk(2, dim=1, largest=False).values
+    return two[:, 0] < margin * two[:, 1]
+
+
+def uniform_omega(count: int, active: Tensor) -> Tensor:
+    """ω [count, K]: uniform over the alive clusters."""
+    omega = active.to(torch.float64).expand(count, -1).clone()
+    return omega / omega.sum(1, keepdim=True)
 
 
 def grouped_omega(groups: Tensor, omega: Tensor, active: Tensor, share: float) -> Tensor:

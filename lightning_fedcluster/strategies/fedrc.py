@@ -33,6 +33,16 @@ class FedRCStrategy(FederatedStrategy):
             k-medoids and gives each group's clients ω ``group_share`` on one cluster
             (``lightning_fedcluster.algorithms.grouping``, docs: "How clusters form").
         group_share: the grouped clients' ω on their group's cluster.
+        group_assign: "medoid" (k-medoids' groups, the default) or "mean": each client then moves
+            to the group whose members are closest on average, weighted by the labels the two
+            share, which keeps clients with noisy signatures (corrupted images, few shared
+            labels) from dragging a group.
+        group_margin: e.g. 0.7: group only the clients whose best group score is below this
+            times the second best; the others get uniform ω and FedRC's E-step places them
+            (None: group every client).
+        group_hold: e.g. 5: for this many rounds after the grouping, a grouped client gives
+            every sample γ = its ω, so that each concept's cluster learns all of the concept's
+            labels before FedRC's E-step may move samples again (0: never).
         merge_threshold: from round ``merge_after`` on, retire one of the two clusters whose
             members' mean log-likelihood per sample differs least between them, when that gap is
             below this (nats; ``lightning_fedcluster.algorithms.merging``); None: never. With
@@ -62,6 +72,9 @@ class FedRCStrategy(FederatedStrategy):
         reseed_threshold: float | None = None,
         group_round: int | None = None,
         group_share: float = 0.9,
+        group_assign: str = "medoid",
+        group_margin: float | None = None,
+        group_hold: int = 0,
         merge_threshold: float | None = None,
         merge_after: int = 0,
         label_stats_floor: float = LABEL_STATS_FLOOR,
@@ -81,6 +94,9 @@ class FedRCStrategy(FederatedStrategy):
             reseed_seed=self.seed,
             group_round=group_round,
             group_share=group_share,
+            group_assign=group_assign,
+            group_margin=group_margin,
+            group_hold=group_hold,
             merge_threshold=merge_threshold,
             merge_after=merge_after,
             label_stats_floor=label_stats_floor,

@@ -1,22 +1,31 @@
 """algorithms/grouping.py: concept grouping (a take-off option of FedRC) against hand computations:
 the client signature, the group-to-cluster matching and the grouped ω, the choice of the group
-count, when it acts, and its wiring into FedRC's E-step and server step."""
+count, when it acts, and its wiring into FedRC's E-step and server step; the mean-distance
+assignment, the margin, and the hold after the grouping."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.algorithms.actions import Note, Reassign
+from lightning_fedcluster.algorithms.actions import Note, Reassign, SetState
 from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.grouping import (
+    HELD,
     SIGNATURE,
     SIGNATURE_ROWS,
     ConceptGrouping,
+    confident,
     grouped_omega,
+    held_report,
+    mean_distance_groups,
+    mean_scores,
+    medoid_scores,
 )
 from lightning_fedcluster.algorithms.server_view import RoundOutcome
 from tests.helpers.algorithms import server_view, store
@@ -78,6 +87,17 @@ def test_options_are_checked():
         ConceptGrouping(group_round=0)
     with pytest.raises(ValueError, match="group_share must be in"):
         ConceptGrouping(group_round=3, share=0.0)
+    with pytest.raises(ValueError, match="group_assign must be one of"):
+        ConceptGrouping(group_round=3, assign="median")
+    for margin in (0.0, 1.0, True):
+        with pytest.raises(ValueError, match="group_margin must be in"):
+            ConceptGrouping(group_round=3, margin=margin)
+    for hold in (-1, 1.5):
+        with pytest.raises(ValueError, match="group_hold must be a non-negative integer"):
+            ConceptGrouping(group_round=3, hold=hold)
+    for option in ({"group_assign": "mean"}, {"group_margin": 0.7}, {"group_hold": 3}):
+        with pytest.raises(ValueError, match=f"{next(iter(option))}=.* has no effect without group_round"):
+            FedRC(3, **option)
     with pytest.raises(ValueError, match="cannot be combined with adam_gamma"):
         FedRC(3, group_round=3, adam_gamma=True)
     with pytest.raises(ValueError, match=r"group_share=0.5 has no effect without group_round"):
@@ -113,10 +133,122 @@ def test_fedrc_records_the_signature_before_the_grouping_round_only():
     assert FedRC(3, group_round=3).after_round(server_view(state, outcome)) == []
 
 
+# --- mean-distance assignment, margin, hold ---------------------------------------------------------
+
+NAN = float("nan")
+
+
+def test_mean_scores_weigh_each_member_by_the_labels_shared_and_skip_unknown_pairs():
+    distances = torch.tensor(
+        [[0, 0.2, 0.8, NAN], [0.2, 0, 0.6, 0.4], [0.8, 0.6, 0, 0.1], [NAN, 0.4, 0.1, 0]], dtype=F64
+    )
+    shared = torch.tensor([[3, 1, 2, 5], [1, 2, 1, 1], [2, 1, 3, 2], [5, 1, 2, 4]], dtype=F64)
+    scores = mean_scores(distances, shared, torch.tensor([0, 0, 1, 1]))
+    # Client 2 to group 0: (2 * 0.8 + 1 * 0.6) / 3; client 0 to group 1: only client 2 is known.
+    expected = torch.tensor([[0.2, 0.8], [0.2, 0.5], [2.2 / 3, 0.1], [0.4, 0.1]], dtype=F64)
+    assert_close(scores, expected)
+    # A group with no other member (or no known one) scores +inf.
+    alone = mean_scores(distances, shared, torch.tensor([0, 1, 1, 1]))
+    assert alone[0, 0] == torch.inf and alone[1, 0] == pytest.approx(0.2)
+    assert confident(scores, 0.3).tolist() == [True, False, True, True]  # 0.2 < 0.24, 0.2 >= 0.15, ...
+
+
+def test_mean_assignment_moves_a_client_that_only_its_medoid_pair_put_in_a_group():
+    # Clients 0, 1 and 3, 4 are pairs; client 2 is 0.3 from client 0 on one shared label, but 0.9
+    # from client 1 and 0.4 from clients 3 and 4 on three.
+    d = torch.full((5, 5), 0.9, dtype=F64)
+    d.fill_diagonal_(0.0)
+    d[0, 1] = d[1, 0] = d[3, 4] = d[4, 3] = 0.1
+    d[2, 0] = d[0, 2] = 0.3
+    d[2, 3] = d[3, 2] = d[2, 4] = d[4, 2] = 0.4
+    w = torch.ones(5, 5, dtype=F64)
+    w[2, 1] = w[1, 2] = w[2, 3] = w[3, 2] = w[2, 4] = w[4, 2] = 3.0
+    start = torch.tensor([0, 0, 0, 1, 1])
+    # Client 2 to group 0: (0.3 + 3 * 0.9) / 4 = 0.75, to group 1: 0.4. Then client 0 stays
+    # (0.1 against (0.3 + 0.9 + 0.9) / 3 = 0.7), client 3 too (0.9 against (3 * 0.4 + 0.1) / 4).
+    assert mean_distance_groups(d, w, start).tolist() == [0, 0, 1, 1, 1]
+    # The medoid of {0, 1, 2} is client 0 (total distance 0.4), so by medoids client 2 stays.
+    assert_close(medoid_scores(d, start)[2], torch.tensor([0.3, 0.4], dtype=F64))
+
+
+def _ambiguous_state(hold: int) -> tuple[ClientState, ConceptGrouping]:
+    """Clients 0-2 predict label 0 as 0, client 3 as 1, client 4 half and half; two clusters."""
+    rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=hold)
+    state = ClientState.initial(5, 2, 2, rule.state_entries())
+    state.seen[:] = True
+    state.extra[SIGNATURE][:3, 0] = torch.tensor([0.9, 0.1], dtype=F64)
+    state.extra[SIGNATURE][3, 0] = torch.tensor([0.1, 0.9], dtype=F64)
+    state.extra[SIGNATURE][4, 0] = torch.tensor([0.5, 0.5], dtype=F64)
+    state.extra[SIGNATURE_ROWS][:, 0] = 5.0
+    state.omega[:3] = torch.tensor([0.3, 0.7], dtype=F64)
+    return state, rule
+
+
+def test_a_client_equally_close_to_two_groups_is_left_at_uniform_omega_and_not_held():
+    state, rule = _ambiguous_state(hold=3)
+    reassign, held, note = rule.actions(state, 1)
+    assert isinstance(reassign, Reassign) and isinstance(held, SetState) and isinstance(note, Note)
+    assert reassign.clients.tolist() == [0, 1, 2, 3, 4]
+    # Client 4's centred row is orthogonal to both others' (distance 1 to each): ratio 1, not < 0.5.
+    # Clients 0-2 held 0.7 on cluster 1, so their group takes cluster 1.
+    expected = torch.tensor([[0.2, 0.8]] * 3 + [[0.8, 0.2], [0.5, 0.5]], dtype=F64)
+    assert_close(reassign.omega, expected)
+    assert held.name == HELD and held.value.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert "grouped 4 of 5 clients" in note.text
+    # Without hold, no flag to set (and no such entry declared).
+    state, rule = _ambiguous_state(hold=0)
+    assert [type(a) for a in rule.actions(state, 1)] == [Reassign, Note] and HELD not in state.extra
+
+
+def test_a_held_client_gives_every_sample_its_omega_over_the_alive_clusters():
+    report = held_report(
+        torch.tensor([0.6, 0.3, 0.1], dtype=F64),
+        torch.tensor([True, True, False]),
+        torch.tensor([0, 1, 1]),
+        2,
+    )
+    third = torch.tensor([2 / 3, 1 / 3, 0.0], dtype=F64)
+    assert_close(report.gamma, third.expand(3, -1))
+    assert_close(report.omega, third)
+    assert_close(report.label_sums, torch.stack([third, 2 * third]))
+
+
+def test_fedrc_holds_only_flagged_clients_and_only_in_the_hold_rounds():
+    rule = FedRC(2, group_round=2, group_hold=2)
+    assert [e.name for e in rule.state_entries()] == [SIGNATURE, SIGNATURE_ROWS, HELD]
+    losses = torch.tensor([[0.1, 3.0], [2.0, 0.2]], dtype=F64)
+    labels = torch.tensor([0, 1])
+    for round_index, flag, held in (
+        (1, 1.0, False),
+        (2, 1.0, True),
+        (3, 1.0, True),
+        (4, 1.0, False),
+        (2, 0.0, False),
+    ):
+        extra = {name: value[0].clone() for name, value in store(rule, 1).extra.items()}
+        extra[HELD] = torch.tensor(flag, dtype=F64)
+        context = ClientContext(
+            client=0,
+            round_index=round_index,
+            num_samples=2,
+            num_classes=2,
+            omega=torch.tensor([0.9, 0.1], dtype=F64),
+            active=torch.ones(2, dtype=torch.bool),
+            extra=extra,
+        )
+        report = rule.e_step(losses, labels, context, torch.zeros(2, 2, dtype=F64))
+        if held:
+            assert_close(report.gamma, torch.tensor([[0.9, 0.1], [0.9, 0.1]], dtype=F64))
+            assert_close(report.omega, torch.tensor([0.9, 0.1], dtype=F64))
+        else:  # the E-step: γ of sample 1 in cluster 1 is 0.1 e^-0.2 / (0.1 e^-0.2 + 0.9 e^-2)
+            expected = 0.1 * math.exp(-0.2) / (0.1 * math.exp(-0.2) + 0.9 * math.exp(-2.0))
+            assert float(report.gamma[1, 1]) == pytest.approx(expected)
+
+
 # --- through a fit -------------------------------------------------------------------------------------
 
 
-def _grouped_fit(rounds: int, executor: str = "loop", **trainer_options):
+def _grouped_fit(rounds: int, executor: str = "loop", grouping=None, **trainer_options):
     import lightning_fedcluster as lf
     from lightning_fedcluster.datamodules import DigitsFederated
     from lightning_fedcluster.models import MLPClassifier
@@ -124,7 +256,13 @@ def _grouped_fit(rounds: int, executor: str = "loop", **trainer_options):
 
     torch.manual_seed(0)
     strategy = lf.FedRCStrategy(
-        3, clients_per_round=6, local_steps=2, group_round=2, group_share=0.8, executor=executor
+        3,
+        clients_per_round=6,
+        local_steps=2,
+        group_round=2,
+        group_share=0.8,
+        executor=executor,
+        **(grouping or {}),
     )
     trainer = make_trainer(strategy, max_epochs=rounds, **trainer_options)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0))
@@ -144,7 +282,11 @@ def test_after_group_round_every_client_with_a_signature_is_grouped(executor):
     assert_close(state.extra[SIGNATURE_ROWS][state.seen], state.label_sums[state.seen].sum(2))
 
 
-def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path):
+ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
+
+
+@pytest.mark.parametrize(("grouping", "epoch"), [({}, 0), (ROBUST, 2)], ids=["before", "in-the-hold"])
+def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     import lightning_fedcluster as lf
@@ -152,17 +294,48 @@ def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path):
     from lightning_fedcluster.models import MLPClassifier
     from tests.conftest import make_trainer
 
-    straight = _grouped_fit(4)
-    _grouped_fit(1, enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)])
-    (checkpoint,) = tmp_path.glob("epoch=0-*.ckpt")
+    straight = _grouped_fit(5, grouping=grouping)
+    _grouped_fit(
+        epoch + 1,
+        grouping=grouping,
+        enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)],
+    )
+    (checkpoint,) = tmp_path.glob(f"epoch={epoch}-*.ckpt")
     torch.manual_seed(0)
     strategy = lf.FedRCStrategy(
-        3, clients_per_round=6, local_steps=2, group_round=2, group_share=0.8, executor="loop"
+        3, clients_per_round=6, local_steps=2, group_round=2, group_share=0.8, executor="loop", **grouping
     )
-    resumed = make_trainer(strategy, max_epochs=4)
+    resumed = make_trainer(strategy, max_epochs=5)
     resumed.fit(
         MLPClassifier(lr=0.2),
         datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0),
         ckpt_path=checkpoint,
     )
     assert_same_fit(straight, resumed)
+
+
+def test_held_clients_keep_their_grouped_omega_for_the_hold_rounds_then_move():
+    held = _grouped_fit(4, grouping=ROBUST).lightning_module.client_state
+    flagged = held.extra[HELD] > 0
+    assert bool(flagged.any())
+    # Rounds 3 and 4 (indices 2, 3) are held: every flagged client still has exactly 0.8.
+    assert_close(held.omega[flagged].max(1).values, torch.full((int(flagged.sum()),), 0.8, dtype=F64))
+    # Unflagged seen clients got uniform ω at the grouping and then their own E-step.
+    assert not bool(((held.omega[held.seen & ~flagged] - 1 / 3).abs() < 1e-12).all())
+    # Without the hold, or one round after it, the E-step moves the round's clients.
+    free = _grouped_fit(4, grouping={**ROBUST, "group_hold": 0}).lightning_module.client_state
+    assert not bool((free.omega[flagged].max(1).values == 0.8).all())
+    after = _grouped_fit(5, grouping=ROBUST).lightning_module.client_state
+    assert not bool((after.omega[flagged].max(1).values == 0.8).all())
+
+
+def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor():
+    loop, vectorized = (
+        _grouped_fit(5, executor, grouping=ROBUST).lightning_module for executor in ("loop", "vectorized")
+    )
+    assert loop.executor == "loop" and vectorized.executor == "vectorized"
+    for name, tensor in loop.state_dict().items():
+        assert_close(vectorized.state_dict()[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    assert_close(vectorized.client_state.omega, loop.client_state.omega, atol=1e-5, rtol=0)
+    assert torch.equal(vectorized.client_state.extra[HELD], loop.client_state.extra[HELD])
