@@ -16,6 +16,7 @@ from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.engine.copies import local_solver
 from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.task import Task
 
 SCHEDULED_HYPERPARAMETERS = ("lr", "momentum", "betas")
 
@@ -84,7 +85,7 @@ def flower_optimizer(models: Sequence[nn.Module]) -> torch.optim.Optimizer:
 
 
 def server_schedulers(
-    models: Sequence[nn.Module], task: str
+    models: Sequence[nn.Module], task: Task
 ) -> tuple[torch.optim.Optimizer, RoundSchedulers]:
     """The server's copy of the local solver and its LR schedulers, checked before any round as
     the Lightning engine checks them (interval, frequency, a plateau scheduler's monitor)."""

@@ -16,6 +16,7 @@ from lightning_fedcluster import ClusteredModule
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.outputs import select_logits
 from lightning_fedcluster.engine.setup_checks import check_output_shape
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 
@@ -109,7 +110,7 @@ def test_logits_from_on_module_and_strategy_must_agree(dm):
 def _warnings_of(model, dm) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_output_shape(model, dm, "classification")
+        check_output_shape(model, dm, Task.CLASSIFICATION)
     return [str(w.message) for w in caught]
 
 
@@ -120,8 +121,8 @@ def test_probabilities_warn_once_before_training_and_logits_do_not(dm):
     assert _warnings_of(MLPClassifier(), dm) == []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_output_shape(DictForward(), dm, "classification", "probs")
-        check_output_shape(DictForward(), dm, "classification", "logits")
+        check_output_shape(DictForward(), dm, Task.CLASSIFICATION, "probs")
+        check_output_shape(DictForward(), dm, Task.CLASSIFICATION, "logits")
     assert len([w for w in caught if "probabilities" in str(w.message)]) == 1  # "probs" only
     with pytest.warns(UserWarning, match="seems to return probabilities"):
         _fit(SoftmaxForward(), dm, "loop")
