@@ -50,7 +50,7 @@ def unsupported_reason(strategy: Any) -> str | None:
     if getattr(strategy, "finetune_epochs", 0):
         return "finetune_epochs (FedRC-FT) fine-tunes at evaluation, which the Flower apps do not run"
     persists = getattr(strategy, "local_optimizer_state", "reset") == "persist"
-    if getattr(rule, "reseed_threshold", None) is not None and persists:
+    if getattr(rule.config, "reseed_threshold", None) is not None and persists:
         return (
             "reseed_threshold with optimizer_state='persist': its split restarts every client's "
             "optimizer state for the re-seeded cluster, which the nodes hold (use optimizer_state='reset')"
