@@ -47,9 +47,10 @@ def clustered_module(settings: Any, module: Any) -> Any:
 def unsupported_reason(strategy: Any) -> str | None:
     """Why ``strategy`` cannot run on Flower yet (None: it can)."""
     rule: Algorithm = strategy.algorithm
-    if getattr(strategy, "finetune_epochs", 0):
+    local = strategy.local_training
+    if local.finetune_epochs:
         return "finetune_epochs (FedRC-FT) fine-tunes at evaluation, which the Flower apps do not run"
-    persists = getattr(strategy, "local_optimizer_state", "reset") == "persist"
+    persists = local.optimizer_state == "persist"
     if getattr(rule.config, "reseed_threshold", None) is not None and persists:
         return (
             "reseed_threshold with optimizer_state='persist': its split restarts every client's "
@@ -58,9 +59,9 @@ def unsupported_reason(strategy: Any) -> str | None:
     capabilities = rule.capabilities
     if capabilities.personal_mixing or capabilities.personal_copies != 1:
         return "it mixes the clients' personal models on the server (D-FedEM)"
-    if getattr(strategy, "optimizer_state_dtype", "float32") != "float32":
+    if local.optimizer_state_dtype != "float32":
         return (
-            f"optimizer_state_dtype={strategy.optimizer_state_dtype!r}: a node keeps its store in Flower's "
+            f"optimizer_state_dtype={local.optimizer_state_dtype!r}: a node keeps its store in Flower's "
             "numpy arrays, which have no bfloat16, and the half-precision store is tested on the "
             "Lightning engine only (give optimizer_state_dtype='float32')"
         )
@@ -70,7 +71,7 @@ def unsupported_reason(strategy: Any) -> str | None:
             f"precision_plugin with precision={precision!r}: the nodes train in float32 and apply no "
             "autocast (mixed precision is a Lightning Trainer option; drop the precision plugin)"
         )
-    if getattr(strategy, "optimizer_state_dir", None) is not None:
+    if local.optimizer_state_dir is not None:
         return (
             "optimizer_state_dir: a node keeps its optimizer-state store in Flower's context between "
             "rounds, not in a file (drop optimizer_state_dir)"
