@@ -17,6 +17,8 @@ from lightning_fedcluster.engine.copies import local_solver
 from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.plan import TrainingPlan
 from lightning_fedcluster.engine.task import Task
+from lightning_fedcluster.strategies.module_options import ModuleOptions
+from lightning_fedcluster.strategies.module_options import clustered_module as build_clustered_module
 
 SCHEDULED_HYPERPARAMETERS = ("lr", "momentum", "betas")
 
@@ -27,21 +29,13 @@ def plan_of(strategy: Any) -> TrainingPlan:
     return strategy.plan
 
 
-def clustered_module(settings: Any, module: Any) -> Any:
+def clustered_module(plan: TrainingPlan, module: Any) -> Any:
     """The ClusteredModule the Lightning engine would train (``FederatedStrategy.connect``) from a
-    strategy's or a ``TrainingPlan``'s num_clusters, seed, shared_layers and logits_from; a
-    ClusteredModule as it is."""
-    from lightning_fedcluster.module import ClusteredModule
-
-    if isinstance(module, ClusteredModule):
-        return module
-    return ClusteredModule(
-        module,
-        settings.num_clusters,
-        seed=settings.seed,
-        shared_layers=settings.shared_layers,
-        logits_from=settings.logits_from,
-    )
+    plan's num_clusters, seed, shared_layers and logits_from; a ClusteredModule as it is (refused
+    when the strategy also set shared_layers or logits_from, which are the module's:
+    ``strategies/module_options.py``)."""
+    options = ModuleOptions(plan.shared_layers, plan.logits_from)
+    return build_clustered_module(module, plan.num_clusters, plan.seed, options, f"the {plan.name} strategy")
 
 
 def unsupported_reason(strategy: Any) -> str | None:

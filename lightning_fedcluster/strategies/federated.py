@@ -36,12 +36,13 @@ from lightning_fedcluster.engine.optimizer_state import (
     StoreDtypeName,
     check_persist_with_shared_layers,
 )
-from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
+from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import ExecutorName, TrainingPlan
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import EnvironmentKeepingLaunch
+from lightning_fedcluster.strategies.module_options import ModuleOptions, clustered_module
 from lightning_fedcluster.strategies.precision import check_precision
 from lightning_fedcluster.strategies.process_faults import exit_status_on_sigterm, process_group_timeout
 from lightning_fedcluster.strategies.round_arguments import (
@@ -103,11 +104,13 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         min_clients_per_round: a round is applied only when at least this many of its clients'
             updates were accepted (otherwise the models stay and a warning says why); a round
             with none stops the run.
-        seed: drives client sampling, cluster-model initialisation and local minibatch order.
+        seed: the run's seed, its one home: drives client sampling, the rule's seeded draws and
+            local minibatch order (the plan carries it), and initialises the copies of a module it wraps.
         finetune_epochs: before measuring a participating client's local accuracy, fine-tune copies
             of the cluster models on its training data for this many epochs (FedRC-FT); 0 = off.
         shared_layers: submodule names shared by the K copies (one feature extractor, K clustered
-            heads) when the strategy wraps a plain LightningModule.
+            heads) of the ClusteredModule the strategy builds around a plain LightningModule (the
+            module's setting: refused with a ClusteredModule, ``module_options.py``).
         executor: how clients are simulated: "loop" (one client at a time, any model and
             optimizer), "vectorized" (chunks of clients at once with ``torch.func``: plain SGD,
             models without random layers or running statistics, not for FedSoft, D-FedEM,
@@ -126,7 +129,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             back after, so one process holds one client's state at a time. Bit-identical results;
             costs a file read and write per client and round. Choose a disk, not a tmpfs.
         logits_from: where the logits are in a forward that returns a dict or tuple (a key, an
-            index, or a callable output -> logits) when the strategy wraps a plain LightningModule.
+            index, or a callable output -> logits) of the ClusteredModule the strategy builds around
+            a plain LightningModule (as ``shared_layers``).
         process arguments: ``accelerator``, ``parallel_devices``, ``cluster_environment``,
             ``checkpoint_io``, ``precision_plugin``, ``process_group_backend``, ``timeout``,
             ``start_method``: Lightning's DDPStrategy arguments for the processes. DDP's
@@ -205,7 +209,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         )
         self.server_update = ServerUpdate(server_lr, server_optimizer_config, max_update_norm)
         self.execution = Execution(executor, clients_per_chunk)
-        check_persist_with_shared_layers(optimizer_state, shared_layers)
+        self.module_options = ModuleOptions(shared_layers, logits_from)
+        check_persist_with_shared_layers(optimizer_state, self.module_options.shared_layers)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -217,8 +222,6 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             start_method=start_method,
         )
         self.seed = seed
-        self.shared_layers = (shared_layers,) if isinstance(shared_layers, str) else tuple(shared_layers)
-        self.logits_from = check_logits_from(logits_from)
         self._schedule: tuple[int, RoundSchedule] | None = None
         # The plain module last wrapped by ``connect`` and its ClusteredModule (reused for that module;
         # references, not a weakref, so that the strategy stays picklable for spawned processes).
@@ -257,8 +260,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             self.algorithm,
             (self.sampling, self.local_training, self.server_update, self.execution),
             seed=self.seed,
-            shared_layers=self.shared_layers,
-            logits_from=self.logits_from,
+            shared_layers=self.module_options.shared_layers,
+            logits_from=self.module_options.logits_from,
             precision=self.precision_plugin.precision,
         )
 
@@ -284,23 +287,11 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         self.algorithm.check_clients(datamodule.num_clients)
 
     def connect(self, model: pl.LightningModule) -> None:
-        """Wrap a plain LightningModule into K cluster copies; use a ClusteredModule as it is."""
-        from lightning_fedcluster.module import ClusteredModule
-
-        if not isinstance(model, ClusteredModule):
-            model = self._wrap(model)
-        elif self.shared_layers and tuple(self.shared_layers) != model.shared_layers:
-            raise ValueError(
-                f"the strategy has shared_layers={self.shared_layers} but the ClusteredModule was built with "
-                f"shared_layers={model.shared_layers}: set them in one place"
-            )
-        elif self.logits_from is not None and model.logits_from is None:
-            model.logits_from = self.logits_from
-        elif self.logits_from is not None and model.logits_from != self.logits_from:
-            raise ValueError(
-                f"the strategy has logits_from={self.logits_from!r} but the ClusteredModule was built with "
-                f"logits_from={model.logits_from!r}: set it in one place"
-            )
+        """Wrap a plain LightningModule into K cluster copies (with this strategy's seed and
+        ``module_options``); use a ClusteredModule as it is (``module_options.py``: the module
+        owns shared_layers and logits_from, so a strategy that sets them too is refused)."""
+        model = self._wrap(model)
+        check_persist_with_shared_layers(self.local_training.optimizer_state, model.shared_layers)
         model.federated = self  # what the module reads of this strategy (engine/host.py FederatedRun)
         super().connect(model)
 
@@ -315,21 +306,15 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         """The ClusteredModule around a plain LightningModule: the one this strategy built for that
         very object before, if any, so that ``trainer.predict(my_module, ...)`` (or test, or another
         fit) after ``trainer.fit(my_module, ...)`` uses the trained cluster models, as a Lightning
-        module is trained in place; else a new one (K fresh copies)."""
-        from lightning_fedcluster.module import ClusteredModule
-
+        module is trained in place; else a new one (K fresh copies). A ClusteredModule as it is."""
         if self._wrapped is not None and self._wrapped[0] is model:
             return self._wrapped[1]
-        trainer = attached_trainer(model)  # attached by the trainer before connect
-        clustered = ClusteredModule(
-            model,
-            self.num_clusters,
-            seed=self.seed,
-            shared_layers=self.shared_layers,
-            logits_from=self.logits_from,
+        clustered = clustered_module(
+            model, self.num_clusters, self.seed, self.module_options, type(self).__name__
         )
-        clustered.trainer = trainer
-        self._wrapped = (model, clustered)
+        if clustered is not model:
+            clustered.trainer = attached_trainer(model)  # attached by the trainer before connect
+            self._wrapped = (model, clustered)
         return clustered
 
     def setup_distributed(self) -> None:
