@@ -74,8 +74,10 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
     (``LocalTraining``: local_steps, local_epochs, drop_last, finetune_epochs, optimizer_state,
     optimizer_state_dtype, optimizer_state_dir), ``server_update`` (``ServerUpdate``: server_lr,
     the server optimizer, max_update_norm) and ``execution`` (``Execution``: executor,
-    clients_per_chunk), and builds its ``plan`` from them. A named strategy's rule options live
-    in its rule's ``Config``.
+    clients_per_chunk), and builds its ``plan`` from them. ``shared_layers`` and ``logits_from``
+    are kept as ``module_options`` for the ClusteredModule it builds around a plain module (they
+    are the module's settings); ``seed`` is the strategy's own. A named strategy's rule options
+    live in its rule's ``Config``.
 
     Args:
         num_clusters: K, the number of cluster models: a named strategy builds its rule with it;
