@@ -309,7 +309,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         very object before, if any, so that ``trainer.predict(my_module, ...)`` (or test, or another
         fit) after ``trainer.fit(my_module, ...)`` uses the trained cluster models, as a Lightning
         module is trained in place; else a new one (K fresh copies). A ClusteredModule as it is."""
-        if self._wrapped is not None and self._wrapped[0] is model:
+        if self._wrapped is not None and model in self._wrapped:  # the plain module, or its wrapper
             return self._wrapped[1]
         clustered = clustered_module(
             model, self.num_clusters, self.seed, self.module_options, type(self).__name__
