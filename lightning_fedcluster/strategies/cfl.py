@@ -7,9 +7,10 @@ from typing import Any
 
 from lightning_fedcluster.algorithms.cfl import CFL
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.keywords import rule_config
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(CFL.Config)
 class CFLStrategy(FederatedStrategy):
     """CFL (Sattler et al. 2020): recursive bi-partitioning by the cosine similarity of updates.
 

@@ -7,9 +7,10 @@ from typing import Any
 
 from lightning_fedcluster.algorithms.dfedem import DFedEM
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.keywords import rule_config
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(DFedEM.Config)
 class DFedEMStrategy(FederatedStrategy):
     """D-FedEM (Marfoq et al. 2021): FedEM without a server. Every client keeps its own K models
     (on the CPU) and, after each round, averages them with its neighbours on a seeded random

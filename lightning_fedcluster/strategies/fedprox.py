@@ -9,9 +9,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_fedcluster.algorithms.fedprox import FedProx
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.keywords import rule_config
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(FedProx.Config)
 class FedProxStrategy(FederatedStrategy):
     """FedProx (Li et al. 2020): one model, local loss plus (μ/2)‖w − θ‖².
 

@@ -8,9 +8,10 @@ from typing import Any
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.keywords import rule_config
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(FedRC.Config)
 class FedRCStrategy(FederatedStrategy):
     """FedRC (Guo, Tang, Lin, ICML 2024): robust clustering that separates concepts, not label or
     feature styles. ``num_clusters=1`` is FedAvg.

@@ -6,9 +6,10 @@ from typing import Any
 
 from lightning_fedcluster.algorithms.fedsoft import IMPORTANCE_FLOOR, FedSoft
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.keywords import rule_config
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(FedSoft.Config)
 class FedSoftStrategy(FederatedStrategy):
     """FedSoft (Ruan & Joe-Wong, AAAI 2022).
 

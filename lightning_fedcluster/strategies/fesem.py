@@ -8,9 +8,10 @@ from typing import Any
 
 from lightning_fedcluster.algorithms.fesem import FeSEM
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.keywords import rule_config
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(FeSEM.Config)
 class FeSEMStrategy(FederatedStrategy):
     """FeSEM (Xie, Long et al.): K-means over client models; every member weighs 1.
 

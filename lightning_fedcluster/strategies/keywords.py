@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -68,3 +68,17 @@ def rule_config(config_type: type, arguments: Mapping[str, Any], **fixed: Any) -
     names = [field.name for field in fields(config_type)]
     options = {name: arguments[name] for name in names if name in arguments and name not in fixed}
     return config_type(**options, **fixed)
+
+
+def documents_rule_options(config_type: type) -> Callable[[type], type]:
+    """Class decorator of a named strategy: its docstring gains the ``Args:`` of ``config_type``'s
+    docstring, so that the CLI's help (jsonargparse reads the docstrings) shows the rule options
+    that are written once, on the rule's Config."""
+
+    def decorate(strategy: type) -> type:
+        _, found, options = inspect.cleandoc(config_type.__doc__ or "").partition("Args:\n")
+        if found:
+            strategy.__doc__ = f"{inspect.cleandoc(strategy.__doc__ or '')}\n\nArgs:\n{options}"
+        return strategy
+
+    return decorate

@@ -128,3 +128,20 @@ def test_the_strategy_forwards_its_options_into_the_frozen_config_and_checks_the
 def test_rule_config_picks_the_configs_fields_and_the_strategys_own_values():
     config = rule_config(FedRC.Config, {"adam_gamma": True, "seed": 3, "self": object()}, reseed_seed=3)
     assert config == FedRC.Config(adam_gamma=True, reseed_seed=3)
+
+
+@pytest.mark.parametrize("cls", NAMED, ids=lambda c: c.__name__)
+def test_the_cli_help_documents_each_rule_option_from_its_config(cls):
+    import docstring_parser
+
+    documented = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__doc__ and klass.__module__.startswith("lightning_fedcluster"):
+            documented |= {p.arg_name: p.description for p in docstring_parser.parse(klass.__doc__).params}
+    config = type(cls(local_steps=1).algorithm).Config
+    config_docs = {p.arg_name: p.description for p in docstring_parser.parse(config.__doc__).params}
+    own = set(inspect.signature(cls.__init__).parameters) - {"self", "num_clusters", "kwargs"}
+    for name in own - set(cls.fixed_arguments):
+        assert documented.get(name) == config_docs[name], (
+            f"{cls.__name__}.{name} is not documented from {config}"
+        )
