@@ -289,7 +289,7 @@ class ClusteredModule(pl.LightningModule):
         self, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
     ) -> Tensor:
         """Predicted labels [N] (regression: predictions [N, D]); arguments as ``predict_proba``."""
-        return Task.of(self.task).predict(self.predict_proba(x, omega, client=client))
+        return self.task.predict(self.predict_proba(x, omega, client=client))
 
     def current_label_stats(self) -> Tensor | None:
         """log C_{y,k} of the trained client store on this device (None: the rule keeps none)."""

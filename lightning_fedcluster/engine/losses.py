@@ -113,7 +113,7 @@ def evaluate_explained(
     models: Sequence[nn.Module],
     x: Tensor,
     y: Tensor | None,
-    task: str,
+    task: Task,
     batch_size: int,
     logits_from: LogitsFrom,
     context: AbstractContextManager[object],
