@@ -58,7 +58,7 @@ def anneal(strategy, spec: str | None):  # noqa: ANN001, ANN201
         rule.num_clusters,
         beta0=float(beta0),
         rounds=int(rounds),
-        use_label_stats=rule.uses_label_stats,
-        reseed_seed=rule.reseed_seed,
+        use_label_stats=rule.config.use_label_stats,
+        reseed_seed=rule.config.reseed_seed,
     )
     return strategy

@@ -14,6 +14,7 @@ benchmarks/results/compare_algorithms.md and the README.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import platform
@@ -58,7 +59,7 @@ COLUMNS = ("local_acc", "global_acc", "concept_ari", "style_ari", "label_ari", "
 def run(name: str, seed: int, rounds: int, executor: str = "auto") -> dict[str, float]:
     dm = DigitsFederated(num_clients=30, concepts=3, seed=seed)
     strategy = ALGORITHMS[name](seed)
-    strategy.executor = executor
+    strategy.execution = dataclasses.replace(strategy.execution, executor=executor)  # a frozen group
     trainer = make_trainer(strategy, rounds, validate=False)
     start = time.perf_counter()
     trainer.fit(MLPClassifier(lr=0.2), datamodule=dm)

@@ -63,11 +63,17 @@ class ClusteredModule(pl.LightningModule):
     Args:
         module: the user's LightningModule (reused unchanged; copied K times).
         num_clusters: K.
-        seed: seeds the independent initialisation of the copies.
+        seed: seeds the independent initialisation of the copies (a strategy that wraps a plain
+            module passes its own). The run's seed (client sampling, minibatch order) is the
+            strategy's, its one home: ``self.seed`` reads it from the plan during a fit.
         eval_batch_size: largest batch of the no-grad passes (lowered to hold <= 64 MB of activations).
         shared_layers: dotted names of submodules shared by all K copies (one feature extractor,
             K clustered heads; FedRC Table 11). Shared layers are averaged over all clients.
         logits_from: where the logits are in a dict/tuple forward: a key, an index or a callable.
+
+    ``shared_layers`` and ``logits_from`` live here, their one home (a strategy's keywords of the
+    same names only build the module it wraps around a plain LightningModule, and are refused
+    with a ClusteredModule: ``strategies/module_options.py``).
     """
 
     client_state = _delegated("federation", "client_state", "The client store, from setup on.")
@@ -104,7 +110,7 @@ class ClusteredModule(pl.LightningModule):
         if isinstance(shared_layers, str):
             shared_layers = (shared_layers,)
         self.automatic_optimization = False
-        self.seed = seed
+        self.init_seed = seed  # the copies' initialisation; ``seed`` is the run's
         self.eval_batch_size = eval_batch_size
         self.pass_rows = eval_batch_size  # set in setup from the model's activation size
         self.stacked_pass_rows = eval_batch_size  # the same for K models at once (vectorised)
@@ -123,6 +129,14 @@ class ClusteredModule(pl.LightningModule):
         self.federation = FederatedTraining()
         self.evaluation = Evaluator()
         self.predictions = Predictions(self)
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: the strategy's (from its plan) once a fit has set the module up, else the
+        seed the copies were initialised with."""
+        federation = self.__dict__.get("federation")
+        plan = None if federation is None else federation.plan
+        return self.init_seed if plan is None else plan.seed
 
     def timed(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Add the wall time of the block to ``phase_seconds[phase]`` (for benchmarks' breakdowns)."""
@@ -275,7 +289,7 @@ class ClusteredModule(pl.LightningModule):
         self, x: Tensor, omega: Tensor | None = None, *, client: int | Tensor | None = None
     ) -> Tensor:
         """Predicted labels [N] (regression: predictions [N, D]); arguments as ``predict_proba``."""
-        return Task.of(self.task).predict(self.predict_proba(x, omega, client=client))
+        return self.task.predict(self.predict_proba(x, omega, client=client))
 
     def current_label_stats(self) -> Tensor | None:
         """log C_{y,k} of the trained client store on this device (None: the rule keeps none)."""

@@ -46,7 +46,6 @@ from lightning_fedcluster.engine.evaluation import (
     predicts_per_client,
 )
 from lightning_fedcluster.engine.host import TrainingHost
-from lightning_fedcluster.engine.task import Task
 
 UNSEEN = -1  # the client id of a row from a client without labels: predicted with the mixture prior
 
@@ -77,7 +76,7 @@ class ClientPredictor:
 
     def predict(self, x: Tensor) -> Tensor:
         out = self.predict_proba(x)
-        return Task.of(self.module.task).predict(out)
+        return self.module.task.predict(out)
 
 
 class ClientInputs(Dataset):
@@ -300,7 +299,7 @@ class Predictions:
     def _prediction_dict(self, prediction: Tensor, **fields: Tensor) -> dict[str, Tensor]:
         out = {name: value.detach().cpu() for name, value in fields.items()}
         prediction = prediction.detach().cpu()
-        if Task.of(self.host.task).is_classification:
+        if self.host.task.is_classification:
             out["probs"], out["preds"] = prediction, prediction.argmax(1)
         else:
             out["preds"] = prediction

@@ -21,7 +21,7 @@ from the defaults (soft mixture, every active cluster trained, weight N_i).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -38,6 +38,7 @@ from lightning_fedcluster.algorithms.mixture import (
     soft_e_step_rows,
 )
 from lightning_fedcluster.algorithms.protocols import Capabilities
+from lightning_fedcluster.algorithms.rule_config import NoOptions, build_config
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
 
 RoundVectors = Literal["model", "update"]  # what ``after_round`` may read per client (outcome.vectors)
@@ -206,8 +207,13 @@ class Algorithm(ClientRule, ServerRule):
     server-side selection, personal models, model distances, label statistics), which
     ``capabilities`` reads. Subclasses override only what differs from the defaults."""
 
-    def __init__(self, num_clusters: int) -> None:
+    Config: ClassVar[type] = NoOptions  # the rule's options (``rule_config.py``)
+
+    def __init__(self, num_clusters: int, config: Any = None, **options: Any) -> None:
+        """K, and the rule's options: a ready ``config=`` (a ``type(self).Config``) or its fields
+        as keywords; the rule reads them from ``self.config``."""
         self.num_clusters = num_clusters
+        self.config = build_config(type(self).__name__, self.Config, config, options)
 
     @property
     def capabilities(self) -> Capabilities:

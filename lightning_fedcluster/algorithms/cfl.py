@@ -10,6 +10,8 @@ is the maximum number of clusters.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from sklearn.cluster import AgglomerativeClustering
 from torch import Tensor
@@ -25,6 +27,7 @@ from lightning_fedcluster.algorithms.base import (
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.server_view import ServerView
+from lightning_fedcluster.arguments import number_arg
 
 
 def cosine_similarity_matrix(updates: Tensor) -> Tensor:
@@ -56,13 +59,30 @@ def split_decision(updates: Tensor, weights: Tensor, eps1: float, eps2: float) -
     return mean_norm < eps1 and max_norm > eps2
 
 
-class CFL(HardAssignment):
-    """CFL's rules. ``eps1``/``eps2``: the mean- and max-update-norm thresholds."""
+@dataclass(frozen=True)
+class CFLConfig:
+    """CFL's options, ``CFL.Config``.
 
-    def __init__(self, num_clusters: int, *, eps1: float = 0.4, eps2: float = 1.6) -> None:
-        super().__init__(num_clusters)
-        self.eps1 = eps1
-        self.eps2 = eps2
+    Args:
+        eps1: split a cluster only when its weighted mean update norm ‖Σ_i w_i Δ_i‖ is below this
+            (its joint objective is near a stationary point) ...
+        eps2: ... and some member's update norm max_i ‖Δ_i‖ is above this.
+    """
+
+    eps1: float = 0.4
+    eps2: float = 1.6
+
+    def __post_init__(self) -> None:
+        number_arg("eps1", self.eps1, strict=True)
+        number_arg("eps2", self.eps2, strict=True)
+
+
+class CFL(HardAssignment):
+    """CFL's rules; ``num_clusters`` is the most clusters the splits may create (one at the
+    start). Options in :class:`CFLConfig` (``CFL.Config``): ``CFL(4, eps1=0.4, eps2=1.6)``."""
+
+    Config = CFLConfig
+    config: CFLConfig
 
     def initial_active(self) -> Tensor:
         """Every client starts in cluster 0; the others wait for splits."""
@@ -116,7 +136,7 @@ class CFL(HardAssignment):
             if not free:
                 break
             members = (clusters == parent).nonzero().flatten()
-            if not split_decision(updates[members], sizes[members], self.eps1, self.eps2):
+            if not split_decision(updates[members], sizes[members], self.config.eps1, self.config.eps2):
                 continue
             second = bipartition(cosine_similarity_matrix(updates[members]))
             moving = torch.zeros(clusters.shape[0], dtype=torch.bool)

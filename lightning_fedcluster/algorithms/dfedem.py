@@ -10,12 +10,16 @@ round's local models (for diagnostics and unseen clients).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.base import ClientContext, LocalPlan, SoftMixture
 from lightning_fedcluster.algorithms.protocols import PersonalMixing
 from lightning_fedcluster.algorithms.seeds import DFEDEM_GRAPH, derive_seed
+from lightning_fedcluster.arguments import check_seed
 
 
 def random_connected_graph(num_clients: int, edge_probability: float, seed: int) -> Tensor:
@@ -42,20 +46,39 @@ def metropolis_weights(adjacency: Tensor) -> Tensor:
     return weights
 
 
-class DFedEM(SoftMixture, PersonalMixing):
-    """D-FedEM's rules. ``edge_probability`` and ``seed`` define the communication graph."""
+@dataclass(frozen=True)
+class DFedEMConfig:
+    """D-FedEM's options, ``DFedEM.Config``: they define the communication graph.
 
+    Args:
+        edge_probability: probability of each edge beyond the ring that keeps the graph connected.
+        seed: seeds the graph (a strategy passes its ``seed``).
+    """
+
+    edge_probability: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        p = self.edge_probability
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ValueError(f"edge_probability must be in [0, 1], got {p!r}")
+        check_seed(self.seed)
+
+
+class DFedEM(SoftMixture, PersonalMixing):
+    """D-FedEM's rules; options in :class:`DFedEMConfig` (``DFedEM.Config``)."""
+
+    Config = DFedEMConfig
+    config: DFedEMConfig
     personal_copies = 0  # every client keeps all K models
 
-    def __init__(self, num_clusters: int, *, edge_probability: float = 0.2, seed: int = 0) -> None:
-        super().__init__(num_clusters)
-        self.edge_probability = edge_probability
-        self.seed = seed
+    def __init__(self, num_clusters: int, config: DFedEMConfig | None = None, **options: Any) -> None:
+        super().__init__(num_clusters, config, **options)
         self._mixing: Tensor | None = None
 
     def mixing_matrix(self, num_clients: int) -> Tensor:
         if self._mixing is None or self._mixing.shape[0] != num_clients:
-            graph = random_connected_graph(num_clients, self.edge_probability, self.seed)
+            graph = random_connected_graph(num_clients, self.config.edge_probability, self.config.seed)
             self._mixing = metropolis_weights(graph)
         return self._mixing
 

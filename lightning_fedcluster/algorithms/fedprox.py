@@ -7,19 +7,38 @@ with μ = 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.assignment import assignment_report
 from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, HardAssignment, LocalPlan
+from lightning_fedcluster.arguments import number_arg
+
+
+@dataclass(frozen=True)
+class FedProxConfig:
+    """FedProx's option, ``FedProx.Config``.
+
+    Args:
+        mu: μ of the proximal term (μ/2)‖w − θ‖² in the local loss; 0 is FedAvg.
+    """
+
+    mu: float = 0.01
+
+    def __post_init__(self) -> None:
+        number_arg("mu", self.mu)
 
 
 class FedProx(HardAssignment):
-    """FedAvg (``mu=0``) and FedProx: one model trained by every client, weight N_i, proximal
-    term (μ/2)‖w − θ‖² in the local loss."""
+    """FedProx and FedAvg (``mu=0``): one model trained by every client, weight N_i, proximal
+    term (μ/2)‖w − θ‖² in the local loss. ``FedProx(mu)``, or ``FedProx(config=FedProx.Config(...))``."""
 
-    def __init__(self, mu: float = 0.0) -> None:
-        super().__init__(1)
-        self.mu = mu
+    Config = FedProxConfig
+    config: FedProxConfig
+
+    def __init__(self, mu: float | None = None, *, config: FedProxConfig | None = None) -> None:
+        super().__init__(1, config, **({} if mu is None else {"mu": mu}))
 
     def e_step(
         self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
@@ -27,5 +46,6 @@ class FedProx(HardAssignment):
         return assignment_report(0, losses, labels, context.num_classes)
 
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
-        proximal = (((0, self.mu),),) if self.mu > 0 else ()
+        mu = self.config.mu
+        proximal = (((0, mu),),) if mu > 0 else ()
         return LocalPlan(clusters=(0,), proximal=proximal)

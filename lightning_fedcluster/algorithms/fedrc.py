@@ -10,8 +10,9 @@ Adaptive cluster removal (App. F) is :func:`clusters_to_remove` plus ``ClientSta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,98 +37,150 @@ from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOu
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
 
 
-class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
-    """FedRC's rules.
+@dataclass(frozen=True)
+class FedRCConfig:
+    """FedRC's (and FedEM's) options, ``FedRC.Config``: defaults, checks and docs in one place.
 
     Args:
-        num_clusters: K.
-        use_label_stats: divide by C_{y,k} (FedRC); False gives FedEM.
-        hard_prediction: predict with the argmax-ω model only (TeHC).
-        hard_training: train only the argmax-ω model, every sample with weight 1 (TrHC; an ablation).
-        adam_gamma: update γ with Adam on g = γ_prev − γ_E-step (FedRC-Adam).
-        label_noise_std: σ_i of the Gaussian noise each client adds to its label sums (privacy);
-            one value for all clients or one per client.
-        removal_threshold: δ of adaptive K (App. F): after each round, remove clusters whose share
-            of γ over all seen clients' data is below δ (None: never).
-        reseed_threshold: after each round, re-seed the emptiest cluster whose share is below this
-            from the largest one (:mod:`.reseed`; None: never, as in the paper).
-        reseed_seed: seeds the random half of clients a re-seeding moves.
-        group_round: concept grouping (:mod:`.grouping`, ours): after this many rounds, group the
-            clients by their prediction signatures and give each group one cluster (None: never).
-        group_share: the grouped clients' ω on their group's cluster.
-        group_assign: "medoid" (k-medoids' groups) or "mean" (refined by the mean distance to each
-            group's members, weighted by the labels a pair shares; :mod:`.grouping`).
-        group_margin: group only the clients whose best group score is below this times the
-            second best; the others get uniform ω (None: group every client).
-        group_hold: for this many rounds after the grouping, a grouped client's γ is its ω
-            (:mod:`.grouping`; 0: never).
-        merge_threshold: merging (:mod:`.merging`, ours): retire one of the two clusters whose
-            members' log-likelihood gap is below this (nats per sample; None: never).
-        merge_after: the first round index after which a merge may happen.
+        use_label_stats: divide by C_{y,k} (FedRC); False gives FedEM (C ≡ 1; works for regression).
+        hard_prediction: predict with the argmax-ω model only (TeHC) instead of the ω-mixture.
+        hard_training: train only the argmax-ω model, every sample with weight 1 (TrHC; it hurts,
+            paper Table 15: ablations only).
+        adam_gamma: FedRC-Adam (App. H.3): Adam steps on γ with g = γ_prev − γ_E-step, γ kept per
+            sample between rounds.
+        label_noise_std: σ_i of the Gaussian noise each client adds to its label sums (privacy,
+            App. E); one value for all clients, or one per client.
+        removal_threshold: δ of adaptive K (App. F, e.g. 0.05): start with a generous
+            ``num_clusters`` and, after each round, remove clusters whose share of γ over all seen
+            clients' data is below δ (None: never).
+        label_stats_floor: the smallest C_{y,k} the E-step divides by (the authors' 1e-8). A
+            cluster that holds almost no rows of label y otherwise pulls every label-y sample of
+            every client towards itself by up to 1/floor, which breaks up concept clusters whose
+            clients lack some labels (strong label skew, few clients per cluster); e.g. 0.01 caps
+            the pull at 100x.
+        reseed_threshold: a remedy for dead clusters, off by default and in the paper presets
+            (e.g. 0.05): after a round, the emptiest cluster whose share of γ is below it restarts
+            as a copy of the largest cluster, which hands it a seeded random half of its clients
+            (:mod:`.reseed`); a server optimizer restarts its state for the re-seeded cluster. Not
+            with ``removal_threshold`` or ``adam_gamma``.
+        reseed_seed: seeds the random half of clients a re-seeding moves (a strategy passes its
+            ``seed``).
+        group_round: concept grouping, a take-off mechanism (:mod:`.grouping`, ours; off by
+            default and in the paper presets): in the rounds before it, clients compute a
+            label-conditioned prediction signature in their E-step; after round ``group_round``
+            the server groups them by k-medoids and gives each group's clients ω ``group_share``
+            on one cluster (docs: "How clusters form").
+        group_share: the grouped clients' ω on their group's cluster (needs ``group_round``).
+        group_assign: "medoid" (k-medoids' groups, the default) or "mean": each client then moves
+            to the group whose members are closest on average, weighted by the labels the two
+            share, which keeps clients with noisy signatures (corrupted images, few shared
+            labels) from dragging a group (:mod:`.grouping`; needs ``group_round``).
+        group_margin: e.g. 0.7: group only the clients whose best group score is below this
+            times the second best; the others get uniform ω and FedRC's E-step places them
+            (None: group every client; needs ``group_round``).
+        group_hold: e.g. 5: for this many rounds after the grouping, a grouped client gives
+            every sample γ = its ω, so that each concept's cluster learns all of the concept's
+            labels before FedRC's E-step may move samples again (0: never; needs ``group_round``).
+        merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
+            of the two clusters whose members' mean log-likelihood per sample differs least
+            between them, when that gap is below this (nats); None: never. With grouping,
+            ``num_clusters`` is then an upper bound on K.
+        merge_after: the first round index after which a merge may happen (needs
+            ``merge_threshold``).
     """
 
-    def __init__(
-        self,
-        num_clusters: int,
-        *,
-        use_label_stats: bool = True,
-        hard_prediction: bool = False,
-        hard_training: bool = False,
-        adam_gamma: bool = False,
-        label_noise_std: float | Sequence[float] = 0.0,
-        removal_threshold: float | None = None,
-        label_stats_floor: float = LABEL_STATS_FLOOR,
-        reseed_threshold: float | None = None,
-        reseed_seed: int = 0,
-        group_round: int | None = None,
-        group_share: float = 0.9,
-        group_assign: str = "medoid",
-        group_margin: float | None = None,
-        group_hold: int = 0,
-        merge_threshold: float | None = None,
-        merge_after: int = 0,
-    ) -> None:
-        super().__init__(num_clusters)
-        check_options(use_label_stats, label_noise_std, removal_threshold, reseed_threshold, adam_gamma)
-        floor = label_stats_floor
+    use_label_stats: bool = True
+    hard_prediction: bool = False
+    hard_training: bool = False
+    adam_gamma: bool = False
+    label_noise_std: float | tuple[float, ...] = 0.0
+    removal_threshold: float | None = None
+    label_stats_floor: float = LABEL_STATS_FLOOR
+    reseed_threshold: float | None = None
+    reseed_seed: int = 0
+    group_round: int | None = None
+    group_share: float = 0.9
+    group_assign: str = "medoid"
+    group_margin: float | None = None
+    group_hold: int = 0
+    merge_threshold: float | None = None
+    merge_after: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.label_noise_std, (int, float)):  # one σ per client: kept as a tuple
+            object.__setattr__(self, "label_noise_std", tuple(self.label_noise_std))
+        check_options(
+            self.use_label_stats,
+            self.label_noise_std,
+            self.removal_threshold,
+            self.reseed_threshold,
+            self.adam_gamma,
+        )
+        floor = self.label_stats_floor
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < 1:
             raise ValueError(f"label_stats_floor must be in (0, 1) (the authors' 1e-8), got {floor!r}")
         for name, on in (
-            ("group_round", group_round is not None),
-            ("merge_threshold", merge_threshold is not None),
+            ("group_round", self.group_round is not None),
+            ("merge_threshold", self.merge_threshold is not None),
         ):
-            if on and adam_gamma:
+            if on and self.adam_gamma:
                 raise ValueError(f"{name} cannot be combined with adam_gamma: use one or the other")
         for name, value, default, needs, on in (
-            ("group_share", group_share, 0.9, "group_round", group_round is not None),
-            ("group_assign", group_assign, "medoid", "group_round", group_round is not None),
-            ("group_margin", group_margin, None, "group_round", group_round is not None),
-            ("group_hold", group_hold, 0, "group_round", group_round is not None),
-            ("merge_after", merge_after, 0, "merge_threshold", merge_threshold is not None),
+            ("group_share", self.group_share, 0.9, "group_round", self.group_round is not None),
+            ("group_assign", self.group_assign, "medoid", "group_round", self.group_round is not None),
+            ("group_margin", self.group_margin, None, "group_round", self.group_round is not None),
+            ("group_hold", self.group_hold, 0, "group_round", self.group_round is not None),
+            ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
         ):
             if not on and value != default:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
-        self.grouping = (
-            None
-            if group_round is None
-            else ConceptGrouping(group_round, group_share, group_assign, group_margin, group_hold)
+        self.grouping, self.merging  # noqa: B018 - their own checks of group_*/merge_* values
+
+    @property
+    def grouping(self) -> ConceptGrouping | None:
+        """Concept grouping as configured (None: off)."""
+        if self.group_round is None:
+            return None
+        return ConceptGrouping(
+            self.group_round, self.group_share, self.group_assign, self.group_margin, self.group_hold
         )
-        self.merging = None if merge_threshold is None else ClusterMerging(merge_threshold, merge_after)
-        self.uses_client_outputs = self.grouping is not None
-        self.uses_label_stats = use_label_stats
-        self.hard_prediction = hard_prediction
-        self.hard_training = hard_training
-        self.adam_gamma = adam_gamma
-        self.label_noise_std = label_noise_std
-        self.removal_threshold = removal_threshold
-        self.label_stats_floor = label_stats_floor
-        self.reseed_threshold = reseed_threshold
-        self.reseed_seed = reseed_seed
+
+    @property
+    def merging(self) -> ClusterMerging | None:
+        """Cluster merging as configured (None: off)."""
+        return (
+            None if self.merge_threshold is None else ClusterMerging(self.merge_threshold, self.merge_after)
+        )
+
+
+class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
+    """FedRC's rules (and FedEM's: ``use_label_stats=False``); options in :class:`FedRCConfig`
+    (``FedRC.Config``), e.g. ``FedRC(3, adam_gamma=True)`` or ``FedRC(3, config=FedRC.Config(...))``."""
+
+    Config = FedRCConfig
+    config: FedRCConfig
+
+    def __init__(self, num_clusters: int, config: FedRCConfig | None = None, **options: Any) -> None:
+        super().__init__(num_clusters, config, **options)
+        self.grouping = self.config.grouping
+        self.merging = self.config.merging
+
+    @property
+    def uses_label_stats(self) -> bool:  # type: ignore[override]
+        return self.config.use_label_stats
+
+    @property
+    def uses_client_outputs(self) -> bool:  # type: ignore[override]
+        return self.grouping is not None
+
+    @property
+    def hard_prediction(self) -> bool:  # type: ignore[override]
+        return self.config.hard_prediction
 
     def check_clients(self, num_clients: int) -> None:
-        std = self.label_noise_std
+        std = self.config.label_noise_std
         if not isinstance(std, (int, float)) and len(std) != num_clients:
             raise ValueError(
                 f"label_noise_std has {len(std)} values but the datamodule has {num_clients} clients: give "
@@ -138,7 +191,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         """FedRC-Adam keeps each sample's γ (a mixture) and its Adam moments, and each client's
         Adam step count, between rounds; clients update and report them. Concept grouping keeps
         each client's signature, merging its mean score per cluster."""
-        if not self.adam_gamma:
+        if not self.config.adam_gamma:
             grouping = () if self.grouping is None else self.grouping.state_entries()
             merging = () if self.merging is None else self.merging.state_entries(self.num_clusters)
             return grouping + merging
@@ -151,9 +204,9 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         )
 
     def clusters_to_remove(self, state: ClientState | ClientStoreView, sizes: Tensor) -> Tensor | None:
-        if self.removal_threshold is None:
+        if self.config.removal_threshold is None:
             return None
-        return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.removal_threshold)
+        return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.config.removal_threshold)
 
     def after_round(self, server: ServerView) -> list[ServerAction]:
         """Concept grouping when it is due; a merge of near-identical clusters; adaptive K (App.
@@ -168,7 +221,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             merged = self.merging.actions(state, outcome.train_sizes, outcome.round_index)
             if merged:
                 return merged
-        if self.reseed_threshold is not None:
+        if self.config.reseed_threshold is not None:
             return self._reseed(state, outcome)
         remove = self.clusters_to_remove(state, outcome.train_sizes)
         if remove is None or not bool(remove.any()):
@@ -183,34 +236,34 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         ]
 
     def _reseed(self, state: ClientStoreView, outcome: RoundOutcome) -> list[ServerAction]:
-        assert self.reseed_threshold is not None
+        assert self.config.reseed_threshold is not None
         split = reseed_split(
             state.omega,
             outcome.train_sizes,
             state.seen,
             state.active,
-            self.reseed_threshold,
-            self.reseed_seed,
+            self.config.reseed_threshold,
+            self.config.reseed_seed,
             outcome.round_index,
         )
         if split is None:
             return []
         note = Note(
             f"round {outcome.round_index}: re-seeded cluster {split.target} (share of γ below "
-            f"{self.reseed_threshold}) from cluster {split.source}, splitting its "
+            f"{self.config.reseed_threshold}) from cluster {split.source}, splitting its "
             f"{split.clients.numel()} clients"
         )
         return [split, note]
 
     def noise_std(self, client: int) -> float:
-        if isinstance(self.label_noise_std, (int, float)):
-            return float(self.label_noise_std)
-        return float(self.label_noise_std[client])
+        if isinstance(self.config.label_noise_std, (int, float)):
+            return float(self.config.label_noise_std)
+        return float(self.config.label_noise_std[client])
 
     def e_step(
         self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
     ) -> ClientReport:
-        stats = log_label_stats if self.uses_label_stats else None
+        stats = log_label_stats if self.config.use_label_stats else None
         report = super().e_step(losses, labels, context, stats)
         if self.merging is not None:
             context.extra[CLUSTER_SCORES] = client_scores(losses, labels, stats)
@@ -225,7 +278,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         log_label_stats: Tensor | None,
     ) -> list[ClientReport]:
         """The batched soft E-step, then each client's Adam step and label noise (as ``e_step``)."""
-        stats = log_label_stats if self.uses_label_stats else None
+        stats = log_label_stats if self.config.use_label_stats else None
         reports = soft_e_step_of_clients(losses, labels, offsets, contexts, stats)
         if self.merging is not None:
             for (a, b), context in zip(pairwise(offsets.tolist()), contexts, strict=True):
@@ -248,7 +301,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             grouping.record_signature(context.outputs, labels, context.active, context.extra)
         if grouping is not None and grouping.hold and grouping.holds(context.round_index, context.extra):
             report = held_report(context.omega.to(report.gamma), context.active, labels, context.num_classes)
-        if self.adam_gamma:
+        if self.config.adam_gamma:
             report = self._adam_step(report, labels, context)
         sigma = self.noise_std(context.client)
         if sigma > 0 and report.label_sums.numel():
@@ -280,17 +333,17 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         )
 
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
-        if self.hard_training:
+        if self.config.hard_training:
             masked = torch.where(context.active.to(report.omega.device), report.omega, -torch.inf)
             return LocalPlan(clusters=(int(torch.argmax(masked)),))
         return super().local_plan(report, context)
 
     def log_label_stats(self, state: ClientState | ClientStoreView) -> Tensor | None:
         """log C_{y,k} from the latest label sums of every client seen so far (None for FedEM)."""
-        if not self.uses_label_stats:
+        if not self.config.use_label_stats:
             return None
         # No client seen yet: all-zero sums give the uniform C, as the paper initialises it.
-        return label_statistics(state.label_sums[state.seen], self.label_stats_floor).log()
+        return label_statistics(state.label_sums[state.seen], self.config.label_stats_floor).log()
 
 
 def adam_gamma_step(

@@ -10,6 +10,8 @@ of the clients selected for k.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -27,6 +29,7 @@ from lightning_fedcluster.algorithms.mixture import label_sums
 from lightning_fedcluster.algorithms.protocols import Estimation, PersonalModels, ServerSelection
 from lightning_fedcluster.algorithms.seeds import FEDSOFT_SELECTION, derive_seed
 from lightning_fedcluster.algorithms.server_view import ClientStoreView
+from lightning_fedcluster.arguments import check_positive_int, number_arg
 
 IMPORTANCE_FLOOR = 1e-4  # σ, the paper's counter smoother
 
@@ -67,24 +70,37 @@ def select_clients(
     return membership
 
 
-class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
-    """FedSoft's rules. ``proximal`` is λ, ``selection_size`` the clients drawn per cluster,
-    ``estimation_interval`` τ, ``smoother`` σ."""
+@dataclass(frozen=True)
+class FedSoftConfig:
+    """FedSoft's options, ``FedSoft.Config``.
 
-    def __init__(
-        self,
-        num_clusters: int,
-        *,
-        proximal: float = 1.0,
-        selection_size: int = 10,
-        estimation_interval: int = 2,
-        smoother: float = IMPORTANCE_FLOOR,
-    ) -> None:
-        super().__init__(num_clusters)
-        self.proximal = proximal
-        self.selection_size = selection_size
-        self.estimation_interval = estimation_interval
-        self.smoother = smoother
+    Args:
+        proximal: λ of the proximal term (λ/2) Σ_k u_ik ‖w_i − θ_k‖².
+        selection_size: clients drawn per cluster and round (the server picks them from the
+            importance weights; a strategy's ``clients_per_round`` does not apply).
+        estimation_interval: τ, rounds between importance estimations (all clients).
+        smoother: σ, the floor of the importance weights.
+    """
+
+    proximal: float = 1.0
+    selection_size: int = 10
+    estimation_interval: int = 2
+    smoother: float = IMPORTANCE_FLOOR
+
+    def __post_init__(self) -> None:
+        check_positive_int("selection_size", self.selection_size)
+        check_positive_int("estimation_interval", self.estimation_interval)
+        number_arg("proximal (λ)", self.proximal)
+        if number_arg("smoother (σ)", self.smoother, strict=True) >= 1:
+            raise ValueError(f"smoother (σ) must be in (0, 1), got {self.smoother!r}")
+
+
+class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
+    """FedSoft's rules; options in :class:`FedSoftConfig` (``FedSoft.Config``). Each client's
+    personal model persists on the CPU (M × model size) and gives its local accuracy."""
+
+    Config = FedSoftConfig
+    config: FedSoftConfig
 
     def state_entries(self) -> tuple[StateEntry, ...]:
         """Each client's importance weights u (set by the server's estimation passes) and the
@@ -96,12 +112,12 @@ class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
 
     def needs_estimation(self, round_index: int, state: ClientState | None) -> bool:
         """Every τ rounds, once (a resumed run does not repeat a stored estimation)."""
-        if state is None or round_index % self.estimation_interval != 0:
+        if state is None or round_index % self.config.estimation_interval != 0:
             return False
         return int(state.extra["estimated_round"]) != round_index
 
     def estimate(self, losses: Tensor, active: Tensor) -> Tensor:
-        return importance_weights(losses, active, self.smoother)
+        return importance_weights(losses, active, self.config.smoother)
 
     def after_estimation(
         self, state: ClientStoreView, estimates: Tensor, round_index: int
@@ -115,10 +131,12 @@ class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
 
     def round_membership(self, round_index: int, state: ClientState, sizes: Tensor, seed: int) -> Tensor:
         generator = torch.Generator().manual_seed(derive_seed(seed, round_index, FEDSOFT_SELECTION))
-        return select_clients(state.extra["importance"], sizes, self.selection_size, state.active, generator)
+        return select_clients(
+            state.extra["importance"], sizes, self.config.selection_size, state.active, generator
+        )
 
     def max_clients_per_round(self, num_clients: int) -> int:
-        return min(num_clients, self.selection_size * self.num_clusters)
+        return min(num_clients, self.config.selection_size * self.num_clusters)
 
     def e_step(
         self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
@@ -135,7 +153,9 @@ class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
         """One personal model, anchored to every active centre with weight λ u_ik."""
         u = context.extra["importance"]
-        anchors = tuple((k, self.proximal * float(u[k])) for k in context.active.nonzero().flatten().tolist())
+        anchors = tuple(
+            (k, self.config.proximal * float(u[k])) for k in context.active.nonzero().flatten().tolist()
+        )
         return LocalPlan(clusters=(0,), proximal=(anchors,), from_personal=True)
 
     def contributions(

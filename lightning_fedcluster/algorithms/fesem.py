@@ -9,6 +9,8 @@ members' models, weight 1 (FeSEM) or N_i (WeCFL). One rule, :class:`FeSEM`, with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -35,6 +37,7 @@ from lightning_fedcluster.algorithms.client_state import ClientState, Scope, Sta
 from lightning_fedcluster.algorithms.protocols import ModelDistances
 from lightning_fedcluster.algorithms.seeds import FESEM_CENTRES, FESEM_INITIAL_ASSIGNMENT, derive_seed
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, ServerView
+from lightning_fedcluster.arguments import check_seed
 
 
 def initial_assignment(seed: int, client: int, active: Tensor) -> int:
@@ -42,6 +45,34 @@ def initial_assignment(seed: int, client: int, active: Tensor) -> int:
     alive = active.nonzero().flatten()
     generator = torch.Generator().manual_seed(derive_seed(seed, client, FESEM_INITIAL_ASSIGNMENT))
     return int(alive[torch.randint(len(alive), (1,), generator=generator)])
+
+
+@dataclass(frozen=True)
+class FeSEMConfig:
+    """FeSEM's and WeCFL's options, ``FeSEM.Config``.
+
+    Args:
+        weighted: weigh members by their data size N_i (WeCFL) instead of 1 (FeSEM).
+        seed: seeds the K-means initialisation (a strategy passes its ``seed``).
+        representation_layers: parameter-name prefixes forming the client representation
+            (default None: all parameters of the locally trained model).
+    """
+
+    weighted: bool = False
+    seed: int = 0
+    representation_layers: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.weighted, bool):
+            raise ValueError(f"weighted must be True or False, got {self.weighted!r}")
+        check_seed(self.seed)
+        layers = self.representation_layers
+        if layers is not None:
+            if isinstance(layers, str) or not all(isinstance(name, str) for name in layers):
+                raise ValueError(
+                    f"representation_layers must be a list of parameter-name prefixes, got {layers!r}"
+                )
+            object.__setattr__(self, "representation_layers", tuple(layers))
 
 
 class FeSEM(HardAssignment, ModelDistances):
@@ -53,30 +84,21 @@ class FeSEM(HardAssignment, ModelDistances):
     assigns every client to the nearest. (Independently initialised centres would be so far
     apart in parameter space that no client ever changes cluster.) A client that joins later
     starts in a seeded random cluster and moves to the nearest centre after its local training.
+    Options in :class:`FeSEMConfig` (``FeSEM.Config``).
     """
 
-    def __init__(
-        self,
-        num_clusters: int,
-        *,
-        weighted: bool = False,
-        seed: int = 0,
-        representation_layers: tuple[str, ...] | None = None,
-    ) -> None:
-        super().__init__(num_clusters)
-        self.weighted = weighted
-        self.seed = seed
-        self.representation_layers = representation_layers
+    Config = FeSEMConfig
+    config: FeSEMConfig
 
     def representation_mask(self, parameter_names: list[str]) -> list[bool]:
         """All parameters, or those whose name starts with one of ``representation_layers``."""
-        if not self.representation_layers:
+        layers = self.config.representation_layers
+        if not layers:
             return [True] * len(parameter_names)
-        mask = [name.startswith(tuple(self.representation_layers)) for name in parameter_names]
+        mask = [name.startswith(layers) for name in parameter_names]
         if not any(mask):
             raise ValueError(
-                f"representation_layers={self.representation_layers} matches no parameter: use prefixes of "
-                f"{parameter_names}"
+                f"representation_layers={layers} matches no parameter: use prefixes of {parameter_names}"
             )
         return mask
 
@@ -110,7 +132,7 @@ class FeSEM(HardAssignment, ModelDistances):
         """K distinct local models, drawn with the seed, become the centres; every model joins the
         nearest (squared L2). Returns ({cluster: row of vectors}, cluster of every row)."""
         clusters = active.nonzero().flatten().tolist()
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_index, FESEM_CENTRES))
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, round_index, FESEM_CENTRES))
         rows = torch.randperm(vectors.shape[0], generator=generator)[: len(clusters)].tolist()
         centres = dict(zip(clusters, rows, strict=False))
         chosen = vectors[list(centres.values())].to(torch.float64)
@@ -126,7 +148,7 @@ class FeSEM(HardAssignment, ModelDistances):
         elif context.seen and bool(context.active[int(torch.argmax(context.omega))]):
             k = int(torch.argmax(context.omega))
         else:
-            k = initial_assignment(self.seed, context.client, context.active)
+            k = initial_assignment(self.config.seed, context.client, context.active)
         return assignment_report(k, losses, labels, context.num_classes)
 
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
@@ -143,5 +165,5 @@ class FeSEM(HardAssignment, ModelDistances):
     def contributions(
         self, report: ClientReport, plan: LocalPlan, context: ClientContext
     ) -> list[Contribution]:
-        weight = float(context.num_samples) if self.weighted else 1.0
+        weight = float(context.num_samples) if self.config.weighted else 1.0
         return [Contribution(plan.clusters[0], int(torch.argmax(report.omega)), weight)]

@@ -43,6 +43,7 @@ from lightning_fedcluster.datamodules.validation import (
     int_arg,
     task_arg,
 )
+from lightning_fedcluster.engine.task import Task
 
 __all__ = [
     "ClientMetadata",
@@ -90,7 +91,7 @@ class FederatedDataModule(ScenarioBuilders["FederatedDataModule"], pl.LightningD
         num_classes: int | None = None,
         batch_size: int = 32,
         metadata: ClientMetadata | None = None,
-        task: str | None = None,
+        task: Task | str | None = None,
         val_share: float = 0.5,
         adapt_fraction: float = 0.4,
         seed: int = 0,
@@ -129,7 +130,7 @@ class FederatedDataModule(ScenarioBuilders["FederatedDataModule"], pl.LightningD
         self._task = task
         self._target_shape = target_shape
         self._num_classes: int | None = None
-        if task == "classification":
+        if task is Task.CLASSIFICATION:
             labelled = {
                 "client_train": (self.train_y, self.train_offsets),
                 "client_test": (held_y, held_offsets),
@@ -225,8 +226,9 @@ class FederatedDataModule(ScenarioBuilders["FederatedDataModule"], pl.LightningD
         return self._num_classes
 
     @property
-    def task(self) -> str:
-        """ "classification" (integer labels, cross-entropy) or "regression" (float targets, MSE)."""
+    def task(self) -> Task:
+        """Task.CLASSIFICATION (integer labels, cross-entropy) or Task.REGRESSION (float targets,
+        MSE); a ``str`` enum, equal to "classification" / "regression"."""
         return self._task
 
     @property

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.arguments import fraction_arg, int_arg, is_int  # noqa: F401 - re-exported
+from lightning_fedcluster.engine.task import Task
 
 __all__ = [
     "TASKS",
@@ -46,32 +47,34 @@ def check_num_classes_arg(num_classes: Any) -> None:
         raise ValueError(f"num_classes must be an integer >= 2 (or None to infer it), got {num_classes!r}")
 
 
-TASKS = ("classification", "regression")
+TASKS = tuple(task.value for task in Task)
 
 
-def task_arg(task: Any, num_classes: Any, client_train: Any) -> str:
-    """The task: as given, else classification unless the first training targets are float."""
+def task_arg(task: Any, num_classes: Any, client_train: Any) -> Task:
+    """The task (a ``Task``, converted here from the user's string): as given, else classification
+    unless the first training targets are float."""
     if task is not None:
         if task not in TASKS:
             raise ValueError(f"task must be 'classification', 'regression' or None, got {task!r}")
-        if task == "regression" and num_classes is not None:
+        task = Task.of(task)
+        if task is Task.REGRESSION and num_classes is not None:
             raise ValueError(
                 f"num_classes={num_classes!r} was given for a regression task: pass num_classes=None "
                 "(regression targets are float) or task='classification'"
             )
-        return str(task)
+        return task
     if num_classes is not None:
-        return "classification"
+        return Task.CLASSIFICATION
     try:
         first_y = client_train[0][1]
     except (TypeError, IndexError, KeyError):
-        return "classification"  # malformed input: clean_splits reports it
+        return Task.CLASSIFICATION  # malformed input: clean_splits reports it
     if isinstance(first_y, Tensor) and first_y.is_floating_point():
-        return "regression"
-    return "classification"
+        return Task.REGRESSION
+    return Task.CLASSIFICATION
 
 
-def clean_splits(name: str, splits: Any, task: str = "classification") -> list[Split]:
+def clean_splits(name: str, splits: Any, task: Task = Task.CLASSIFICATION) -> list[Split]:
     """Check a sequence of (x, y) pairs and return them as (float32 x, int64 labels) for
     classification or (float32 x, float32 targets [N] or [N, D]) for regression."""
     if isinstance(splits, (Tensor, str)) or not isinstance(splits, Sequence):
@@ -91,7 +94,7 @@ def clean_splits(name: str, splits: Any, task: str = "classification") -> list[S
             raise TypeError(f"{where} must hold torch tensors, got ({type(x).__name__}, {type(y).__name__})")
         if not x.is_floating_point():
             raise TypeError(f"{where} inputs must be floating point, got {x.dtype}; use x.float()")
-        if task == "regression":
+        if task is Task.REGRESSION:
             if not y.is_floating_point():
                 raise TypeError(
                     f"{where} targets must be floating point for a regression task, got {y.dtype}; "
@@ -114,7 +117,7 @@ def clean_splits(name: str, splits: Any, task: str = "classification") -> list[S
                 f"{where} has {x.shape[0] if x.ndim else 0} inputs but "
                 f"{y.shape[0] if y.ndim else 0} labels: x and y need the same length"
             )
-        target_dtype = torch.float32 if task == "regression" else torch.long
+        target_dtype = torch.float32 if task is Task.REGRESSION else torch.long
         cleaned.append((x.to(torch.float32), y.to(target_dtype)))
     return cleaned
 

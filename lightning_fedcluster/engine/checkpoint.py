@@ -7,6 +7,7 @@ earlier version's checkpoint whose ``global_step`` counted client-steps."""
 
 from __future__ import annotations
 
+from dataclasses import is_dataclass
 from typing import Any
 
 from lightning.pytorch.trainer.states import TrainerFn
@@ -25,9 +26,11 @@ _PLAIN = (int, float, bool, str, type(None))
 
 
 def algorithm_config(rule: Algorithm) -> dict[str, Any]:
-    """The rule's settings that fit in a checkpoint as plain values (its public attributes)."""
+    """The rule's settings that fit in a checkpoint as plain values: its options (the fields of
+    ``rule.config``) and its other public attributes (K; a user's rule may keep its own)."""
     config: dict[str, Any] = {}
-    for name, value in sorted(vars(rule).items()):
+    options = vars(rule.config) if is_dataclass(getattr(rule, "config", None)) else {}
+    for name, value in sorted({**vars(rule), **options}.items()):
         if name.startswith("_"):
             continue
         plain_tuple = isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)

@@ -161,11 +161,11 @@ def prediction_weights_per_row(rule: Algorithm, works: list[ClientWork], device:
     return torch.cat(rows).to(torch.float64)
 
 
-def train_metric_sums(outputs: Tensor, y: Tensor, weights: Tensor, task: str) -> Tensor:
+def train_metric_sums(outputs: Tensor, y: Tensor, weights: Tensor, task: Task) -> Tensor:
     """[3] float64: summed NLL (or squared error), summed correct predictions (or squared error)
     and the sample count, of the mixture prediction with per-row ``weights`` [N, K] (or [K])."""
     mixture = mixture_probabilities(outputs.double(), weights)
-    values = Task.of(task).loss_and_score(mixture, y)
+    values = task.loss_and_score(mixture, y)
     count = torch.tensor(float(y.shape[0]), dtype=torch.float64, device=outputs.device)
     return torch.stack([*values, count])
 

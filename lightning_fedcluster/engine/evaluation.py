@@ -32,9 +32,9 @@ from lightning_fedcluster.metrics.clustering import concept_ari
 from lightning_fedcluster.metrics.undefined import NOT_FINITE, warn_nan_metrics
 
 
-def score(prediction: Tensor, y: Tensor, task: str) -> Tensor:
+def score(prediction: Tensor, y: Tensor, task: Task) -> Tensor:
     """Correct predictions (classification) or summed per-sample squared error (regression)."""
-    return Task.of(task).score(prediction, y)
+    return task.score(prediction, y)
 
 
 def mixture_prediction(module: TrainingHost, x: Tensor, omega: Tensor, owner: Tensor | None = None) -> Tensor:
@@ -173,7 +173,7 @@ class Evaluation:
         x, _ = self.client_rows("global_score", index)
         return omega, mixture_prediction(module, x, omega)
 
-    def add(self, slot: int, prediction: Tensor, y: Tensor, task: str) -> None:
+    def add(self, slot: int, prediction: Tensor, y: Tensor, task: Task) -> None:
         self.sums[slot] += score(prediction, y, task)
         self.sums[slot + 1] += float(y.shape[0])
 
@@ -185,7 +185,7 @@ class Evaluation:
         assert module.client_state is not None
         sums = module.reduce_sum(self.sums).cpu()
         dm = module.trainer.datamodule
-        metric = Task.of(module.task).metric
+        metric = module.task.metric
         counts = sums[1::2]
         values = (sums[0::2] / counts).tolist()  # NaN where nothing was scored (0 / 0)
         concepts = dm.metadata.global_concept.tolist()
@@ -274,7 +274,7 @@ class Evaluator:
         if not host.trainer.sanity_checking:  # the sanity check's metrics are not logged
             warn_nan_metrics(metrics, self.current.undefined)
         self.current = None
-        metric = Task.of(host.task).metric
+        metric = host.task.metric
         # During a fit the ClusterMonitor logs validation with the round as its step; a test pass or
         # a trainer.validate() logs (and returns) its metrics through Lightning (None: no warning).
         trainer = attached_trainer(host)

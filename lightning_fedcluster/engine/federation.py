@@ -39,6 +39,7 @@ from lightning_fedcluster.engine.runtime import Timer, untimed
 from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer, cluster_group
 from lightning_fedcluster.engine.setup_checks import check_chance_level, check_loss_growth
 from lightning_fedcluster.engine.state_file import OptimizerStateFile
+from lightning_fedcluster.engine.task import Task
 
 
 def initial_client_state(
@@ -76,7 +77,7 @@ class ClientDirectory:
 
     train_sizes: Tensor
     num_classes: int
-    task: str
+    task: Task
 
     @property
     def offsets(self) -> Tensor:

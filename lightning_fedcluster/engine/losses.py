@@ -40,19 +40,19 @@ def unreduced_criterion(model: nn.Module) -> LossFn | None:
     return loss
 
 
-def functional_loss(model: nn.Module, task: str) -> LossFn:
+def functional_loss(model: nn.Module, task: Task) -> LossFn:
     """The per-sample loss as a function of (outputs, targets) (also for ``torch.func``)."""
     criterion = unreduced_criterion(model)
     if criterion is not None:
         return criterion
-    return Task.of(task).default_loss()
+    return task.default_loss()
 
 
 def per_sample_loss(
     model: nn.Module,
     x: Tensor,
     y: Tensor,
-    task: str,
+    task: Task,
     out: Tensor | None = None,
     logits_from: LogitsFrom = None,
 ) -> Tensor:
@@ -72,9 +72,9 @@ def per_sample_loss(
     return loss
 
 
-def model_outputs(raw: Tensor, task: str) -> Tensor:
+def model_outputs(raw: Tensor, task: Task) -> Tensor:
     """Class probabilities (classification) or predictions flattened to [N, D] (regression)."""
-    return Task.of(task).outputs(raw)
+    return task.outputs(raw)
 
 
 @torch.no_grad()
@@ -82,7 +82,7 @@ def evaluate_models(
     models: Sequence[nn.Module],
     x: Tensor,
     y: Tensor | None,
-    task: str,
+    task: Task,
     batch_size: int,
     logits_from: LogitsFrom = None,
 ) -> tuple[Tensor | None, Tensor]:
@@ -113,7 +113,7 @@ def evaluate_explained(
     models: Sequence[nn.Module],
     x: Tensor,
     y: Tensor | None,
-    task: str,
+    task: Task,
     batch_size: int,
     logits_from: LogitsFrom,
     context: AbstractContextManager[object],

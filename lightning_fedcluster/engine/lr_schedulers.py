@@ -112,11 +112,11 @@ class RoundSchedulers:
         self.entries: list[RoundScheduler] = []
 
     def configure(
-        self, optimizer: torch.optim.Optimizer, entries: Sequence[RoundScheduler], task: str
+        self, optimizer: torch.optim.Optimizer, entries: Sequence[RoundScheduler], task: Task
     ) -> Any:
         """What ClusteredModule.configure_optimizers returns to Lightning: the optimizer, with the
         schedulers when there are any. Monitors are checked here, before training."""
-        metrics = Task.of(task).round_metrics  # what a ReduceLROnPlateau can monitor
+        metrics = task.round_metrics  # what a ReduceLROnPlateau can monitor
         for entry in entries:
             if entry.monitor is not None and entry.monitor not in metrics:
                 raise ValueError(

@@ -101,17 +101,12 @@ def persistent_layout(models: Sequence[nn.Module], trainer: Any = None) -> State
     return state_layout(optimizer, copy_index(models, optimizer))
 
 
-def check_optimizer_state(optimizer_state: str, dtype: str, shared_layers: Sequence[str]) -> None:
+def check_optimizer_state(optimizer_state: str, dtype: str) -> None:
     """The strategy's ``optimizer_state`` and ``optimizer_state_dtype``, refused before training."""
     if optimizer_state not in OPTIMIZER_STATES:
         raise ValueError(
             f"optimizer_state must be one of {OPTIMIZER_STATES} ('persist' keeps every (client, cluster) "
             f"optimizer state across rounds, as the FedRC authors' code does), got {optimizer_state!r}"
-        )
-    if optimizer_state == "persist" and shared_layers:
-        raise ValueError(
-            "optimizer_state='persist' does not support shared_layers (a tied extractor's state would "
-            "belong to every cluster at once): use optimizer_state='reset' with shared_layers"
         )
     if dtype not in STORE_DTYPES:
         raise ValueError(
@@ -123,6 +118,15 @@ def check_optimizer_state(optimizer_state: str, dtype: str, shared_layers: Seque
             f"optimizer_state_dtype={dtype!r} applies to the store of optimizer_state='persist'; "
             f"with optimizer_state={optimizer_state!r} nothing is stored: give optimizer_state='persist' "
             "or drop the dtype"
+        )
+
+
+def check_persist_with_shared_layers(optimizer_state: str, shared_layers: Sequence[str]) -> None:
+    """``optimizer_state="persist"`` cannot keep the state of layers tied across the clusters."""
+    if optimizer_state == "persist" and shared_layers:
+        raise ValueError(
+            "optimizer_state='persist' does not support shared_layers (a tied extractor's state would "
+            "belong to every cluster at once): use optimizer_state='reset' with shared_layers"
         )
 
 

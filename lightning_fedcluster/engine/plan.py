@@ -1,13 +1,14 @@
 """``TrainingPlan``: the one frozen configuration the engine reads.
 
-A strategy builds it (``FederatedStrategy.plan``) from its arguments when a fit starts, and the
-Flower apps ship it to the nodes; nothing under ``engine/`` reads a strategy or a Trainer for
-its settings. Values are validated by the strategy that builds the plan.
+A strategy builds it (``FederatedStrategy.plan``) from its setting groups when a fit starts, and
+the Flower apps ship it to the nodes; nothing under ``engine/`` reads a strategy or a Trainer for
+its settings. Values are validated by the groups (``strategies/round_arguments.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 import torch
@@ -59,6 +60,14 @@ class TrainingPlan:
     precision: str = "32-true"
     max_update_norm: float | None = None
     min_clients_per_round: int = 1
+
+    @classmethod
+    def of(cls, name: str, rule: Algorithm, groups: Iterable[Any], **settings: Any) -> TrainingPlan:
+        """The plan of a strategy's setting groups (frozen dataclasses whose fields are named as
+        the plan's: ``strategies/round_arguments.py``) and its other ``settings``."""
+        for group in groups:
+            settings.update({item.name: getattr(group, item.name) for item in fields(group)})
+        return cls(name=name, rule=rule, **settings)
 
     @property
     def num_clusters(self) -> int:

@@ -21,6 +21,7 @@ from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.losses import evaluate_models
 from lightning_fedcluster.engine.optimizer_state import StateLayout
 from lightning_fedcluster.engine.outputs import LogitsFrom
+from lightning_fedcluster.engine.task import Task
 
 Timer = Callable[[str], AbstractContextManager[None]]
 """``timed(phase)``: a block whose wall time counts towards an engine phase ("e_step",
@@ -66,7 +67,7 @@ class LocalSetup:
 
     copies: ClusterCopies
     rule: Algorithm
-    task: str
+    task: Task
     seed: int
     pass_rows: int
     batch_size: int

@@ -64,12 +64,12 @@ def round_outcome(round_state: RoundState, train_sizes: Tensor) -> RoundOutcome:
     )
 
 
-def round_metrics(round_state: RoundState, state: ClientState, task: str) -> dict[str, float]:
+def round_metrics(round_state: RoundState, state: ClientState, task: Task) -> dict[str, float]:
     """The Lightning engine's per-round metrics (same names): mixture loss and accuracy (or MSE)
     of the round's clients before training, clients that reported, alive clusters."""
     nll, second, count = (float(v) for v in round_state.report["metrics"])
     count = max(count, 1.0)
-    second_name = Task.of(task).round_metrics[1]
+    second_name = task.round_metrics[1]
     return {
         "train/loss": nll / count,
         second_name: second / count,

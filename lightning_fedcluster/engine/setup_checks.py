@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from lightning_fedcluster.engine.host import FederatedRun
 from lightning_fedcluster.engine.outputs import LogitsFrom, select_logits
+from lightning_fedcluster.engine.task import Task
 
 # Rows of the first client the output checks forward.
 SAMPLE_ROWS = 8
@@ -59,7 +60,7 @@ def check_rule_on_model(rule: Any, model: nn.Module) -> None:
         rule.representation_mask([name for name, _ in model.named_parameters()])
 
 
-def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from: LogitsFrom = None) -> None:
+def check_output_shape(model: nn.Module, datamodule: Any, task: Task, logits_from: LogitsFrom = None) -> None:
     """``model.forward`` (read through ``logits_from``) must give logits [batch, num_classes] (or
     predictions shaped like the targets, regression) for this datamodule; probabilities warn. Runs
     where the model's parameters are (``setup`` comes before Lightning moves the module to its
@@ -94,7 +95,7 @@ def check_output_shape(model: nn.Module, datamodule: Any, task: str, logits_from
     source = f"{name}.forward" + (
         "" if logits_from is None else f" (read through logits_from={logits_from!r})"
     )
-    if task == "regression":
+    if task is Task.REGRESSION:
         expected = tuple(y[:2].shape)
         if out.shape[0] != min(SAMPLE_ROWS, y.shape[0]) or out[0].numel() != y[0].numel():
             raise ValueError(
@@ -208,7 +209,7 @@ IGNORED_HOOKS = {
 _LIBRARIES = ("lightning.", "pytorch_lightning.", "lightning_fedcluster.")
 
 
-def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: str) -> None:
+def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: Task) -> None:
     """Warn (once, before training) about settings the engine accepts but the user likely did not
     mean: more cluster models than clients, and hooks of the user's module it never calls."""
     if num_clusters > datamodule.num_clients:
@@ -239,14 +240,14 @@ def user_defined(cls: type, hook: str) -> bool:
     return False
 
 
-def loss_source(model: nn.Module, task: str) -> str:
+def loss_source(model: nn.Module, task: Task) -> str:
     """Where the engine's per-sample loss comes from, in words (``engine.losses.per_sample_loss``)."""
     name = type(model).__name__
     if callable(getattr(model, "per_sample_loss", None)):
         return f"{name}.per_sample_loss(batch)"
     if getattr(model, "criterion", None) is not None:
         return f"{name}.criterion (per sample)"
-    return "the cross-entropy of forward's logits" if task == "classification" else "the squared error"
+    return "the cross-entropy of forward's logits" if task.is_classification else "the squared error"
 
 
 def check_chance_level(rounds: int, metrics: dict[str, float], round_index: int, num_classes: int) -> int:

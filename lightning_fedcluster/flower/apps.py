@@ -105,7 +105,7 @@ class FlowerApps:
         config = dict(context.run_config)
         strategy = self._strategy()
         timeout = config.get("round-timeout", self.round_timeout)
-        module = clustered_module(strategy, built(self.module))
+        module = clustered_module(strategy.plan, built(self.module))
         flower_optimizer(module.models)  # a module without a usable local solver fails here
         check_rule_on_model(strategy.algorithm, module.models[0])
         server = FlowerServer(

@@ -28,7 +28,6 @@ from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.protocols import label_statistics
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.round import RoundState
-from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.aggregation import merge, merge_store, reply_problems
 from lightning_fedcluster.flower.messaging import exchange, node_error
@@ -189,7 +188,7 @@ class GridExecutor:
                 log.warning("node %d could not evaluate its clients: %s", node, node_error(reply))
                 continue
             sums += records.unpack(reply.content)["evaluation"]["sums"]
-        name = f"val/local_{Task.of(self.federation.task).metric}"
+        name = f"val/local_{self.federation.task.metric}"
         return {name: float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")}
 
     def collect(self) -> None:

@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.flower import records
 from lightning_fedcluster.flower.messaging import exchange, node_error
 
@@ -37,7 +38,7 @@ class Federation:
     partition: dict[int, int]  # node id -> partition id
     sizes: Tensor
     num_classes: int
-    task: str
+    task: Task
     lost: set[int] = field(default_factory=set)  # nodes not asked until they come back
     refused: dict[int, int] = field(default_factory=dict)  # node -> the node holding its partition
     stale: set[int] = field(default_factory=set)  # nodes whose client stores the server must restore
@@ -95,7 +96,7 @@ def federation_of(replies: list[tuple[int, Message]], nodes: list[int]) -> Feder
             f"partition (connected partitions: {sorted(partition.values())})"
         )
     size_tensor = torch.tensor([sizes[c] for c in range(num_clients)], dtype=torch.long)
-    classes, task = int(infos[0]["num-classes"]), str(infos[0]["task"])
+    classes, task = int(infos[0]["num-classes"]), Task.of(str(infos[0]["task"]))
     federation = Federation(owner, partition, size_tensor, classes, task)
     federation.refused = refused
     return federation

@@ -115,7 +115,7 @@ def load_run(path: str | os.PathLike, module: Any, strategy: Any) -> Any:
             f"(num_clusters={run.num_clusters})"
         )
     user_module = built(module)
-    clustered = clustered_module(strategy, user_module)
+    clustered = clustered_module(strategy.plan, user_module)
     if clustered.num_clusters != run.num_clusters:
         raise ValueError(
             f"module is a ClusteredModule with {clustered.num_clusters} cluster models but the run has "

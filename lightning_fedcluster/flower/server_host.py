@@ -29,7 +29,6 @@ from lightning_fedcluster.engine.federation import (
 )
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer
-from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.engine.verified_files import save_verified
 from lightning_fedcluster.flower.grid import GridExecutor, GridRecords
 from lightning_fedcluster.flower.messaging import exchange, wait_for_nodes
@@ -190,7 +189,7 @@ class FlowerServer:
         last = round_index + 1 == self.num_rounds
         if self.eval_every and ((round_index + 1) % self.eval_every == 0 or last):
             metrics.update(grid_executor.validate())
-        metric = Task.of(grid_executor.federation.task).metric
+        metric = grid_executor.federation.task.metric
         warn_nan_metrics(metrics, {f"val/local_{metric}": NO_NODE_ROWS})
         self.metrics.append(metrics)
         self.round_seconds.append(time.perf_counter() - self._mark)

@@ -16,6 +16,9 @@ from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.engine.copies import local_solver
 from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.plan import TrainingPlan
+from lightning_fedcluster.engine.task import Task
+from lightning_fedcluster.strategies.module_options import ModuleOptions
+from lightning_fedcluster.strategies.module_options import clustered_module as build_clustered_module
 
 SCHEDULED_HYPERPARAMETERS = ("lr", "momentum", "betas")
 
@@ -26,30 +29,23 @@ def plan_of(strategy: Any) -> TrainingPlan:
     return strategy.plan
 
 
-def clustered_module(settings: Any, module: Any) -> Any:
+def clustered_module(plan: TrainingPlan, module: Any) -> Any:
     """The ClusteredModule the Lightning engine would train (``FederatedStrategy.connect``) from a
-    strategy's or a ``TrainingPlan``'s num_clusters, seed, shared_layers and logits_from; a
-    ClusteredModule as it is."""
-    from lightning_fedcluster.module import ClusteredModule
-
-    if isinstance(module, ClusteredModule):
-        return module
-    return ClusteredModule(
-        module,
-        settings.num_clusters,
-        seed=settings.seed,
-        shared_layers=settings.shared_layers,
-        logits_from=settings.logits_from,
-    )
+    plan's num_clusters, seed, shared_layers and logits_from; a ClusteredModule as it is (refused
+    when the strategy also set shared_layers or logits_from, which are the module's:
+    ``strategies/module_options.py``)."""
+    options = ModuleOptions(plan.shared_layers, plan.logits_from)
+    return build_clustered_module(module, plan.num_clusters, plan.seed, options, f"the {plan.name} strategy")
 
 
 def unsupported_reason(strategy: Any) -> str | None:
     """Why ``strategy`` cannot run on Flower yet (None: it can)."""
     rule: Algorithm = strategy.algorithm
-    if getattr(strategy, "finetune_epochs", 0):
+    local = strategy.local_training
+    if local.finetune_epochs:
         return "finetune_epochs (FedRC-FT) fine-tunes at evaluation, which the Flower apps do not run"
-    persists = getattr(strategy, "local_optimizer_state", "reset") == "persist"
-    if getattr(rule, "reseed_threshold", None) is not None and persists:
+    persists = local.optimizer_state == "persist"
+    if getattr(rule.config, "reseed_threshold", None) is not None and persists:
         return (
             "reseed_threshold with optimizer_state='persist': its split restarts every client's "
             "optimizer state for the re-seeded cluster, which the nodes hold (use optimizer_state='reset')"
@@ -57,9 +53,9 @@ def unsupported_reason(strategy: Any) -> str | None:
     capabilities = rule.capabilities
     if capabilities.personal_mixing or capabilities.personal_copies != 1:
         return "it mixes the clients' personal models on the server (D-FedEM)"
-    if getattr(strategy, "optimizer_state_dtype", "float32") != "float32":
+    if local.optimizer_state_dtype != "float32":
         return (
-            f"optimizer_state_dtype={strategy.optimizer_state_dtype!r}: a node keeps its store in Flower's "
+            f"optimizer_state_dtype={local.optimizer_state_dtype!r}: a node keeps its store in Flower's "
             "numpy arrays, which have no bfloat16, and the half-precision store is tested on the "
             "Lightning engine only (give optimizer_state_dtype='float32')"
         )
@@ -69,7 +65,7 @@ def unsupported_reason(strategy: Any) -> str | None:
             f"precision_plugin with precision={precision!r}: the nodes train in float32 and apply no "
             "autocast (mixed precision is a Lightning Trainer option; drop the precision plugin)"
         )
-    if getattr(strategy, "optimizer_state_dir", None) is not None:
+    if local.optimizer_state_dir is not None:
         return (
             "optimizer_state_dir: a node keeps its optimizer-state store in Flower's context between "
             "rounds, not in a file (drop optimizer_state_dir)"
@@ -84,7 +80,7 @@ def flower_optimizer(models: Sequence[nn.Module]) -> torch.optim.Optimizer:
 
 
 def server_schedulers(
-    models: Sequence[nn.Module], task: str
+    models: Sequence[nn.Module], task: Task
 ) -> tuple[torch.optim.Optimizer, RoundSchedulers]:
     """The server's copy of the local solver and its LR schedulers, checked before any round as
     the Lightning engine checks them (interval, frequency, a plateau scheduler's monitor)."""

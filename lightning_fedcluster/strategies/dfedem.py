@@ -7,15 +7,18 @@ from typing import Any
 
 from lightning_fedcluster.algorithms.dfedem import DFedEM
 from lightning_fedcluster.strategies.federated import FederatedStrategy
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(DFedEM.Config)
 class DFedEMStrategy(FederatedStrategy):
     """D-FedEM (Marfoq et al. 2021): FedEM without a server. Every client keeps its own K models
     (on the CPU) and, after each round, averages them with its neighbours on a seeded random
     connected graph (Metropolis–Hastings weights). Every client takes part in every round.
 
-    Args:
-        edge_probability: probability of each edge beyond the ring that keeps the graph connected.
+    ``edge_probability`` is forwarded into ``DFedEM.Config``
+    (:class:`~lightning_fedcluster.algorithms.dfedem.DFedEMConfig`, where it is documented and
+    checked) with the strategy's ``seed``.
     """
 
     strategy_name = "dfedem"
@@ -27,11 +30,8 @@ class DFedEMStrategy(FederatedStrategy):
                 "DFedEMStrategy is fully decentralised: every client trains each round, drop "
                 "clients_per_round"
             )
-        if not 0 <= edge_probability <= 1:
-            raise ValueError(f"edge_probability must be in [0, 1], got {edge_probability!r}")
         super().__init__(num_clusters, **kwargs)
-        self.edge_probability = edge_probability
-        self._rule = DFedEM(num_clusters, edge_probability=edge_probability, seed=self.seed)
+        self._rule = DFedEM(num_clusters, rule_config(DFedEM.Config, locals(), seed=self.seed))
 
     @property
     def algorithm(self) -> DFedEM:

@@ -27,28 +27,30 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig, ServerOptimizerKind
-from lightning_fedcluster.arguments import check_positive_int
+from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.engine.checkpoint import resume_hint
 from lightning_fedcluster.engine.client_sampling import RoundSchedule, schedule_for
 from lightning_fedcluster.engine.copies import attached_trainer
 from lightning_fedcluster.engine.optimizer_state import (
     OptimizerStateMode,
     StoreDtypeName,
-    check_optimizer_state,
+    check_persist_with_shared_layers,
 )
-from lightning_fedcluster.engine.outputs import LogitsFrom, check_logits_from
+from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import ExecutorName, TrainingPlan
-from lightning_fedcluster.engine.state_file import check_state_directory
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
 from lightning_fedcluster.strategies.launchers import EnvironmentKeepingLaunch
+from lightning_fedcluster.strategies.module_options import ModuleOptions, clustered_module
 from lightning_fedcluster.strategies.precision import check_precision
 from lightning_fedcluster.strategies.process_faults import exit_status_on_sigterm, process_group_timeout
 from lightning_fedcluster.strategies.round_arguments import (
+    Execution,
+    LocalTraining,
+    Sampling,
+    ServerUpdate,
     algorithm_clusters,
-    check_reply_arguments,
-    check_round_arguments,
 )
 
 if TYPE_CHECKING:
@@ -65,6 +67,17 @@ def _destroy_process_group() -> None:
 
 class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
     """Base of every clustered-FL strategy: the round schedule and the engine's process setup.
+
+    The keywords are flat (Lightning's strategies and the CLI take them so); the strategy keeps its
+    own settings in four frozen, once-checked groups (``strategies/round_arguments.py``):
+    ``sampling`` (``Sampling``: clients_per_round, min_clients_per_round), ``local_training``
+    (``LocalTraining``: local_steps, local_epochs, drop_last, finetune_epochs, optimizer_state,
+    optimizer_state_dtype, optimizer_state_dir), ``server_update`` (``ServerUpdate``: server_lr,
+    the server optimizer, max_update_norm) and ``execution`` (``Execution``: executor,
+    clients_per_chunk), and builds its ``plan`` from them. ``shared_layers`` and ``logits_from``
+    are kept as ``module_options`` for the ClusteredModule it builds around a plain module (they
+    are the module's settings); ``seed`` is the strategy's own. A named strategy's rule options
+    live in its rule's ``Config``.
 
     Args:
         num_clusters: K, the number of cluster models: a named strategy builds its rule with it;
@@ -93,11 +106,13 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         min_clients_per_round: a round is applied only when at least this many of its clients'
             updates were accepted (otherwise the models stay and a warning says why); a round
             with none stops the run.
-        seed: drives client sampling, cluster-model initialisation and local minibatch order.
+        seed: the run's seed, its one home: drives client sampling, the rule's seeded draws and
+            local minibatch order (the plan carries it), and initialises the copies of a module it wraps.
         finetune_epochs: before measuring a participating client's local accuracy, fine-tune copies
             of the cluster models on its training data for this many epochs (FedRC-FT); 0 = off.
         shared_layers: submodule names shared by the K copies (one feature extractor, K clustered
-            heads) when the strategy wraps a plain LightningModule.
+            heads) of the ClusteredModule the strategy builds around a plain LightningModule (the
+            module's setting: refused with a ClusteredModule, ``module_options.py``).
         executor: how clients are simulated: "loop" (one client at a time, any model and
             optimizer), "vectorized" (chunks of clients at once with ``torch.func``: plain SGD,
             models without random layers or running statistics, not for FedSoft, D-FedEM,
@@ -116,7 +131,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             back after, so one process holds one client's state at a time. Bit-identical results;
             costs a file read and write per client and round. Choose a disk, not a tmpfs.
         logits_from: where the logits are in a forward that returns a dict or tuple (a key, an
-            index, or a callable output -> logits) when the strategy wraps a plain LightningModule.
+            index, or a callable output -> logits) of the ClusteredModule the strategy builds around
+            a plain LightningModule (as ``shared_layers``).
         process arguments: ``accelerator``, ``parallel_devices``, ``cluster_environment``,
             ``checkpoint_io``, ``precision_plugin``, ``process_group_backend``, ``timeout``,
             ``start_method``: Lightning's DDPStrategy arguments for the processes. DDP's
@@ -184,17 +200,19 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         )
         self._algorithm = algorithm
         check_positive_int("num_clusters", num_clusters)
-        check_round_arguments(
-            clients_per_round=clients_per_round, local_steps=local_steps, local_epochs=local_epochs,
-            drop_last=drop_last, seed=seed, executor=executor, clients_per_chunk=clients_per_chunk,
-            server_lr=server_lr, finetune_epochs=finetune_epochs,
+        check_seed(seed)
+        self.sampling = Sampling(clients_per_round, min_clients_per_round)
+        self.local_training = LocalTraining(
+            local_steps, local_epochs, drop_last, finetune_epochs,
+            optimizer_state, optimizer_state_dtype, optimizer_state_dir,
         )  # fmt: skip
-        check_reply_arguments(max_update_norm, min_clients_per_round, clients_per_round)
-        check_optimizer_state(optimizer_state, optimizer_state_dtype, shared_layers)
-        check_state_directory(optimizer_state_dir, optimizer_state)
-        self.server_optimizer_config = ServerOptimizerConfig.from_arguments(
+        server_optimizer_config = ServerOptimizerConfig.from_arguments(
             server_optimizer, server_momentum, server_betas, server_tau
         )
+        self.server_update = ServerUpdate(server_lr, server_optimizer_config, max_update_norm)
+        self.execution = Execution(executor, clients_per_chunk)
+        self.module_options = ModuleOptions(shared_layers, logits_from)
+        check_persist_with_shared_layers(optimizer_state, self.module_options.shared_layers)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -205,23 +223,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             timeout=process_group_timeout(timeout),
             start_method=start_method,
         )
-        self.clients_per_round = clients_per_round
-        self.local_steps = 5 if local_steps is None and local_epochs is None else local_steps
-        self.local_epochs = local_epochs
-        self.server_lr = server_lr
         self.seed = seed
-        self.finetune_epochs = finetune_epochs
-        self.shared_layers = (shared_layers,) if isinstance(shared_layers, str) else tuple(shared_layers)
-        self.executor = executor
-        self.clients_per_chunk = clients_per_chunk
-        # Not `optimizer_state`: that name is Strategy.optimizer_state(), which checkpoints call.
-        self.local_optimizer_state = optimizer_state
-        self.optimizer_state_dtype = optimizer_state_dtype
-        self.optimizer_state_dir = None if optimizer_state_dir is None else str(optimizer_state_dir)
-        self.drop_last = drop_last
-        self.logits_from = check_logits_from(logits_from)
-        self.max_update_norm = None if max_update_norm is None else float(max_update_norm)
-        self.min_clients_per_round = min_clients_per_round
         self._schedule: tuple[int, RoundSchedule] | None = None
         # The plain module last wrapped by ``connect`` and its ClusteredModule (reused for that module;
         # references, not a weakref, so that the strategy stays picklable for spawned processes).
@@ -255,27 +257,14 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
     def plan(self) -> TrainingPlan:
         """The run's configuration as the engine reads it: a frozen ``TrainingPlan`` of this
         strategy's settings, built when a fit starts (and for every Flower node)."""
-        return TrainingPlan(
-            name=self.algorithm_name,
-            rule=self.algorithm,
+        return TrainingPlan.of(
+            self.algorithm_name,
+            self.algorithm,
+            (self.sampling, self.local_training, self.server_update, self.execution),
             seed=self.seed,
-            local_steps=self.local_steps,
-            local_epochs=self.local_epochs,
-            drop_last=self.drop_last,
-            shared_layers=tuple(self.shared_layers),
-            optimizer_state=self.local_optimizer_state,
-            optimizer_state_dtype=self.optimizer_state_dtype,
-            optimizer_state_dir=self.optimizer_state_dir,
-            logits_from=self.logits_from,
-            server_lr=self.server_lr,
-            server_optimizer=self.server_optimizer_config,
-            executor=self.executor,
-            clients_per_round=self.clients_per_round,
-            clients_per_chunk=self.clients_per_chunk,
-            finetune_epochs=self.finetune_epochs,
+            shared_layers=self.module_options.shared_layers,
+            logits_from=self.module_options.logits_from,
             precision=self.precision_plugin.precision,
-            max_update_norm=self.max_update_norm,
-            min_clients_per_round=self.min_clients_per_round,
         )
 
     def round_schedule(
@@ -287,9 +276,10 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         key = id(datamodule)
         if self._schedule is None or self._schedule[0] != key:
             state = client_state or (lambda: self.lightning_module.client_state)
+            local = self.local_training
             schedule = schedule_for(
-                self.algorithm, datamodule, self.clients_per_round, self.local_steps, self.local_epochs,
-                self.drop_last, self.seed, state,
+                self.algorithm, datamodule, self.sampling.clients_per_round, local.local_steps,
+                local.local_epochs, local.drop_last, self.seed, state,
             )  # fmt: skip
             self._schedule = (key, schedule)
         return self._schedule[1]
@@ -299,23 +289,11 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         self.algorithm.check_clients(datamodule.num_clients)
 
     def connect(self, model: pl.LightningModule) -> None:
-        """Wrap a plain LightningModule into K cluster copies; use a ClusteredModule as it is."""
-        from lightning_fedcluster.module import ClusteredModule
-
-        if not isinstance(model, ClusteredModule):
-            model = self._wrap(model)
-        elif self.shared_layers and tuple(self.shared_layers) != model.shared_layers:
-            raise ValueError(
-                f"the strategy has shared_layers={self.shared_layers} but the ClusteredModule was built with "
-                f"shared_layers={model.shared_layers}: set them in one place"
-            )
-        elif self.logits_from is not None and model.logits_from is None:
-            model.logits_from = self.logits_from
-        elif self.logits_from is not None and model.logits_from != self.logits_from:
-            raise ValueError(
-                f"the strategy has logits_from={self.logits_from!r} but the ClusteredModule was built with "
-                f"logits_from={model.logits_from!r}: set it in one place"
-            )
+        """Wrap a plain LightningModule into K cluster copies (with this strategy's seed and
+        ``module_options``); use a ClusteredModule as it is (``module_options.py``: the module
+        owns shared_layers and logits_from, so a strategy that sets them too is refused)."""
+        model = self._wrap(model)
+        check_persist_with_shared_layers(self.local_training.optimizer_state, model.shared_layers)
         model.federated = self  # what the module reads of this strategy (engine/host.py FederatedRun)
         super().connect(model)
 
@@ -330,21 +308,15 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         """The ClusteredModule around a plain LightningModule: the one this strategy built for that
         very object before, if any, so that ``trainer.predict(my_module, ...)`` (or test, or another
         fit) after ``trainer.fit(my_module, ...)`` uses the trained cluster models, as a Lightning
-        module is trained in place; else a new one (K fresh copies)."""
-        from lightning_fedcluster.module import ClusteredModule
-
-        if self._wrapped is not None and self._wrapped[0] is model:
+        module is trained in place; else a new one (K fresh copies). A ClusteredModule as it is."""
+        if self._wrapped is not None and model in self._wrapped:  # the plain module, or its wrapper
             return self._wrapped[1]
-        trainer = attached_trainer(model)  # attached by the trainer before connect
-        clustered = ClusteredModule(
-            model,
-            self.num_clusters,
-            seed=self.seed,
-            shared_layers=self.shared_layers,
-            logits_from=self.logits_from,
+        clustered = clustered_module(
+            model, self.num_clusters, self.seed, self.module_options, type(self).__name__
         )
-        clustered.trainer = trainer
-        self._wrapped = (model, clustered)
+        if clustered is not model:
+            clustered.trainer = attached_trainer(model)  # attached by the trainer before connect
+            self._wrapped = (model, clustered)
         return clustered
 
     def setup_distributed(self) -> None:

@@ -7,13 +7,19 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.fedprox import FedProx
 from lightning_fedcluster.strategies.federated import FederatedStrategy
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(FedProx.Config)
 class FedProxStrategy(FederatedStrategy):
-    """FedProx (Li et al. 2020): one model, local loss plus (μ/2)‖w − θ‖²."""
+    """FedProx (Li et al. 2020): one model, local loss plus (μ/2)‖w − θ‖².
+
+    ``mu`` (μ) is forwarded into ``FedProx.Config``
+    (:class:`~lightning_fedcluster.algorithms.fedprox.FedProxConfig`), where it is documented and
+    checked.
+    """
 
     strategy_name = "fedprox"
     fixed_arguments = ("algorithm",)
@@ -26,14 +32,11 @@ class FedProxStrategy(FederatedStrategy):
                 f"{type(self).__name__} trains one model: num_clusters={num_clusters} from the configuration "
                 "is not used"
             )
-        if not mu >= 0:
-            raise ValueError(f"mu must be >= 0, got {mu!r}")
         super().__init__(1, **kwargs)
-        self.mu = mu
-        self._rule = FedProx(mu)
+        self._rule = FedProx(config=rule_config(FedProx.Config, locals()))
 
     @property
-    def algorithm(self) -> Algorithm:
+    def algorithm(self) -> FedProx:
         return self._rule
 
 

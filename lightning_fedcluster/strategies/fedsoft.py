@@ -5,19 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_fedcluster.algorithms.fedsoft import IMPORTANCE_FLOOR, FedSoft
-from lightning_fedcluster.arguments import check_positive_int
 from lightning_fedcluster.strategies.federated import FederatedStrategy
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(FedSoft.Config)
 class FedSoftStrategy(FederatedStrategy):
     """FedSoft (Ruan & Joe-Wong, AAAI 2022).
 
-    Args:
-        proximal: λ of the proximal term (λ/2) Σ_k u_ik ‖w_i − θ_k‖².
-        selection_size: clients drawn per cluster and round (the server picks them from the
-            importance weights; ``clients_per_round`` does not apply).
-        estimation_interval: τ, rounds between importance estimations (all clients).
-        smoother: σ, the floor of the importance weights.
+    ``proximal``, ``selection_size``, ``estimation_interval`` and ``smoother`` are FedSoft's
+    options, forwarded into ``FedSoft.Config``
+    (:class:`~lightning_fedcluster.algorithms.fedsoft.FedSoftConfig`), where they are documented
+    and checked. ``clients_per_round`` does not apply: the server picks ``selection_size``
+    clients per cluster.
 
     Each client's personal model persists on the CPU (M × model size) and gives its local accuracy.
     """
@@ -40,22 +40,8 @@ class FedSoftStrategy(FederatedStrategy):
                 "FedSoftStrategy picks clients per cluster from the importance weights: use selection_size, "
                 "not clients_per_round"
             )
-        check_positive_int("selection_size", selection_size)
-        check_positive_int("estimation_interval", estimation_interval)
-        if not proximal >= 0:
-            raise ValueError(f"proximal (λ) must be >= 0, got {proximal!r}")
-        if not 0 < smoother < 1:
-            raise ValueError(f"smoother (σ) must be in (0, 1), got {smoother!r}")
         super().__init__(num_clusters, **kwargs)
-        self.proximal, self.selection_size = proximal, selection_size
-        self.estimation_interval, self.smoother = estimation_interval, smoother
-        self._rule = FedSoft(
-            num_clusters,
-            proximal=proximal,
-            selection_size=selection_size,
-            estimation_interval=estimation_interval,
-            smoother=smoother,
-        )
+        self._rule = FedSoft(num_clusters, rule_config(FedSoft.Config, locals()))
 
     @property
     def algorithm(self) -> FedSoft:

@@ -6,17 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.algorithms.fesem import FeSEM
 from lightning_fedcluster.strategies.federated import FederatedStrategy
+from lightning_fedcluster.strategies.keywords import documents_rule_options, rule_config
 
 
+@documents_rule_options(FeSEM.Config)
 class FeSEMStrategy(FederatedStrategy):
     """FeSEM (Xie, Long et al.): K-means over client models; every member weighs 1.
 
-    Args:
-        representation_layers: parameter-name prefixes forming the client representation (default:
-            all parameters of the locally trained model).
+    ``representation_layers`` is forwarded into ``FeSEM.Config``
+    (:class:`~lightning_fedcluster.algorithms.fesem.FeSEMConfig`, where it is documented and
+    checked) with the strategy's ``seed`` and ``weighted`` (False: FeSEM, True: WeCFL).
     """
 
     strategy_name = "fesem"
@@ -27,11 +28,11 @@ class FeSEMStrategy(FederatedStrategy):
         self, num_clusters: int = 3, *, representation_layers: Sequence[str] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(num_clusters, **kwargs)
-        layers = None if representation_layers is None else tuple(representation_layers)
-        self._rule = FeSEM(num_clusters, weighted=self.weighted, seed=self.seed, representation_layers=layers)
+        config = rule_config(FeSEM.Config, locals(), weighted=self.weighted, seed=self.seed)
+        self._rule = FeSEM(num_clusters, config)
 
     @property
-    def algorithm(self) -> Algorithm:
+    def algorithm(self) -> FeSEM:
         return self._rule
 
 

@@ -1,69 +1,122 @@
-"""The checks of a federated strategy's round arguments (local work, executor, server step),
-each a clear error naming the argument, raised when the strategy is built."""
+"""A federated strategy's own settings, in four frozen groups, each checked once on construction
+(``__post_init__``, errors naming the argument and the fix): ``Sampling`` (which clients train),
+``LocalTraining`` (what a client does), ``ServerUpdate`` (how the server applies the round) and
+``Execution`` (how the clients are simulated). The strategy takes them as flat keywords (Lightning's
+and the CLI's convention), stores the groups, and builds its ``TrainingPlan`` from them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from lightning_fedcluster.arguments import check_positive_int, check_seed
-from lightning_fedcluster.engine.executors.select import EXECUTORS
+from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
+from lightning_fedcluster.arguments import check_positive_int
+from lightning_fedcluster.engine.optimizer_state import (
+    OptimizerStateMode,
+    StoreDtypeName,
+    check_optimizer_state,
+)
+from lightning_fedcluster.engine.plan import EXECUTORS, ExecutorName
+from lightning_fedcluster.engine.state_file import check_state_directory
 
 if TYPE_CHECKING:
     from lightning_fedcluster.algorithms.base import Algorithm
 
-
-def check_round_arguments(
-    *,
-    clients_per_round: Any,
-    local_steps: Any,
-    local_epochs: Any,
-    drop_last: Any,
-    seed: Any,
-    executor: Any,
-    clients_per_chunk: Any,
-    server_lr: Any,
-    finetune_epochs: Any,
-) -> None:
-    check_positive_int("clients_per_round", clients_per_round, allow_none=True)
-    check_positive_int("local_steps", local_steps, allow_none=True)
-    check_positive_int("local_epochs", local_epochs, allow_none=True)
-    if local_steps is not None and local_epochs is not None:
-        raise ValueError("give either local_steps or local_epochs, not both")
-    if not isinstance(drop_last, bool):
-        raise ValueError(f"drop_last must be True or False, got {drop_last!r}")
-    if drop_last and local_epochs is None:
-        raise ValueError("drop_last applies to local_epochs (passes over the data); give local_epochs")
-    check_seed(seed)
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    check_positive_int("clients_per_chunk", clients_per_chunk, allow_none=True)
-    if not server_lr > 0:
-        raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
-    if isinstance(finetune_epochs, bool) or not isinstance(finetune_epochs, int) or finetune_epochs < 0:
-        raise ValueError(f"finetune_epochs must be an integer >= 0, got {finetune_epochs!r}")
+DEFAULT_LOCAL_STEPS = 5  # when neither local_steps nor local_epochs is given
 
 
-def check_reply_arguments(max_update_norm: Any, min_clients_per_round: Any, clients_per_round: Any) -> None:
-    """The server's checks of the clients' replies (``engine/reply_checks.py``)."""
-    if max_update_norm is not None and (
-        isinstance(max_update_norm, bool)
-        or not isinstance(max_update_norm, (int, float))
-        or not max_update_norm > 0
-    ):
-        raise ValueError(
-            f"max_update_norm must be a number > 0 (the longest client update ‖θ_local − θ_k‖ a round "
-            f"accepts) or None (no bound), got {max_update_norm!r}"
-        )
-    check_positive_int("min_clients_per_round", min_clients_per_round)
-    if (
-        clients_per_round is not None
-        and isinstance(clients_per_round, int)
-        and min_clients_per_round > clients_per_round
-    ):
-        raise ValueError(
-            f"min_clients_per_round={min_clients_per_round} exceeds clients_per_round={clients_per_round}: "
-            "no round could ever be applied; lower min_clients_per_round"
-        )
+@dataclass(frozen=True)
+class Sampling:
+    """Which clients train each round: ``clients_per_round`` sampled per round (seeded by the
+    strategy's ``seed`` and the round; None = all), and the fewest accepted updates
+    (``min_clients_per_round``) for a round to be applied."""
+
+    clients_per_round: int | None = None
+    min_clients_per_round: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive_int("clients_per_round", self.clients_per_round, allow_none=True)
+        check_positive_int("min_clients_per_round", self.min_clients_per_round)
+        if self.clients_per_round is not None and self.min_clients_per_round > self.clients_per_round:
+            raise ValueError(
+                f"min_clients_per_round={self.min_clients_per_round} exceeds clients_per_round="
+                f"{self.clients_per_round}: no round could ever be applied; lower min_clients_per_round"
+            )
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """What a client does in a round: ``local_steps`` SGD steps (5 when ``local_epochs`` is not
+    given either) or ``local_epochs`` passes (``drop_last``: without each pass's partial last
+    batch); ``finetune_epochs`` of FedRC-FT before measuring local accuracy; its local optimizer's
+    state ``optimizer_state`` ("reset" or "persist", stored as ``optimizer_state_dtype``, in
+    memory or in a file under ``optimizer_state_dir``)."""
+
+    local_steps: int | None = None
+    local_epochs: int | None = None
+    drop_last: bool = False
+    finetune_epochs: int = 0
+    optimizer_state: OptimizerStateMode = "reset"
+    optimizer_state_dtype: StoreDtypeName = "float32"
+    optimizer_state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("local_steps", self.local_steps, allow_none=True)
+        check_positive_int("local_epochs", self.local_epochs, allow_none=True)
+        if self.local_steps is not None and self.local_epochs is not None:
+            raise ValueError("give either local_steps or local_epochs, not both")
+        if self.local_steps is None and self.local_epochs is None:
+            object.__setattr__(self, "local_steps", DEFAULT_LOCAL_STEPS)
+        if not isinstance(self.drop_last, bool):
+            raise ValueError(f"drop_last must be True or False, got {self.drop_last!r}")
+        if self.drop_last and self.local_epochs is None:
+            raise ValueError("drop_last applies to local_epochs (passes over the data); give local_epochs")
+        epochs = self.finetune_epochs
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(f"finetune_epochs must be an integer >= 0, got {epochs!r}")
+        check_optimizer_state(self.optimizer_state, self.optimizer_state_dtype)
+        check_state_directory(self.optimizer_state_dir, self.optimizer_state)
+        if isinstance(self.optimizer_state_dir, os.PathLike):
+            object.__setattr__(self, "optimizer_state_dir", str(self.optimizer_state_dir))
+
+
+@dataclass(frozen=True)
+class ServerUpdate:
+    """How the server applies a round: the step ``server_lr`` (η_g) along the averaged update or
+    the ``server_optimizer``'s direction (kind and hyperparameters, ``ServerOptimizerConfig``),
+    and the longest client update it accepts (``max_update_norm``; None: no bound)."""
+
+    server_lr: float = 1.0
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    max_update_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.server_lr > 0:
+            raise ValueError(f"server_lr must be > 0, got {self.server_lr!r}")
+        norm = self.max_update_norm
+        if norm is not None:
+            if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not norm > 0:
+                raise ValueError(
+                    f"max_update_norm must be a number > 0 (the longest client update ‖θ_local − θ_k‖ a "
+                    f"round accepts) or None (no bound), got {norm!r}"
+                )
+            object.__setattr__(self, "max_update_norm", float(norm))
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How the clients are simulated: the ``executor`` ("auto", "loop" or "vectorized") and the
+    clients the vectorised executor trains together (``clients_per_chunk``; None: chosen from
+    the model's size)."""
+
+    executor: ExecutorName = "auto"
+    clients_per_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
+        check_positive_int("clients_per_chunk", self.clients_per_chunk, allow_none=True)
 
 
 def algorithm_clusters(

@@ -81,7 +81,7 @@ def test_a_reseeded_cluster_restarts_from_the_largest_ones_model_and_is_off_by_d
     reseeded, plain = _fit(1), _fit(1, reseed=None)
     assert len(_identical_clusters(reseeded)) == 1
     assert _identical_clusters(plain) == []
-    assert plain.strategy.algorithm.reseed_threshold is None
+    assert plain.strategy.algorithm.config.reseed_threshold is None
 
 
 def test_a_reseeded_cluster_restarts_its_server_optimizer_state():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_fedcluster.datamodules import ClientMetadata, FederatedDataModule
+from lightning_fedcluster.engine.task import Task
 
 
 def pair(n: int, label: int = 0, features: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,7 +196,7 @@ def lab(n: int, label: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 def test_float_targets_make_a_regression_task(d: int | None) -> None:
     empty = (torch.empty(0, 3), torch.empty((0,) if d is None else (0, d)))
     dm = FederatedDataModule([reg(4, d), reg(3, d)], [reg(1, d), empty], [reg(5, d)])
-    assert dm.task == "regression" and dm.num_classes is None
+    assert dm.task is Task.REGRESSION and dm.task == "regression" and dm.num_classes is None
     assert dm.target_shape == (() if d is None else (d,))
     assert dm.output_size == (1 if d is None else d)
     assert dm.train_y.dtype == torch.float32 and dm.train_y.shape == ((7,) if d is None else (7, d))
@@ -207,7 +208,7 @@ def test_float_targets_make_a_regression_task(d: int | None) -> None:
 
 def test_classification_reports_its_task() -> None:
     dm = FederatedDataModule([lab(3, 0), lab(2, 2)], [lab(1), lab(1)])
-    assert dm.task == "classification" and dm.num_classes == 3 and dm.output_size == 3
+    assert dm.task is Task.CLASSIFICATION and dm.num_classes == 3 and dm.output_size == 3
     assert dm.target_shape == ()
 
 

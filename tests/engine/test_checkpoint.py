@@ -278,3 +278,13 @@ def test_resuming_with_another_number_of_clusters_names_both():
         resumed.fit(MLPClassifier(), datamodule=dm, ckpt_path=path)
     with pytest.raises(ValueError, match="the checkpoint has K=3 cluster models, this run K=4"):
         resumed.test(MLPClassifier(), datamodule=dm, ckpt_path=path, verbose=False)
+
+
+def test_a_checkpoint_records_the_rules_options_from_its_config():
+    from lightning_fedcluster.algorithms import CFL, FedRC
+    from lightning_fedcluster.engine.checkpoint import algorithm_config
+
+    config = algorithm_config(FedRC(3, adam_gamma=True, label_noise_std=[0.1, 0.2]))
+    assert config["num_clusters"] == 3 and config["adam_gamma"] is True and config["use_label_stats"] is True
+    assert config["label_noise_std"] == (0.1, 0.2) and "config" not in config  # plain values only
+    assert algorithm_config(CFL(4, eps1=0.3)) == {"num_clusters": 4, "eps1": 0.3, "eps2": 1.6}

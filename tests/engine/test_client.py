@@ -27,6 +27,7 @@ from lightning_fedcluster.engine.client import (
     train_metric_sums,
     trained_copies,
 )
+from lightning_fedcluster.engine.task import Task
 
 LN3 = math.log(3.0)  # a loss gap of ln 3 under a uniform ω: γ = softmax(0, -ln 3) = (3/4, 1/4)
 
@@ -314,7 +315,7 @@ def test_train_metric_sums_of_a_classification_mixture_per_row():
     # Row 0 takes model 0 alone: p = (0.8, 0.2), label 0: right, -ln 0.8.
     # Row 1 mixes 1/4, 3/4: p = (0.1 + 0.45, 0.15 + 0.3) = (0.55, 0.45), label 1: wrong, -ln 0.45.
     weights = torch.tensor([[1.0, 0.0], [0.25, 0.75]], dtype=torch.float64)
-    sums = train_metric_sums(PROBABILITIES, torch.tensor([0, 1]), weights, "classification")
+    sums = train_metric_sums(PROBABILITIES, torch.tensor([0, 1]), weights, Task.CLASSIFICATION)
     assert sums.dtype == torch.float64 and sums.shape == (3,)
     torch.testing.assert_close(
         sums, torch.tensor([-math.log(0.8) - math.log(0.45), 1.0, 2.0], dtype=torch.float64)
@@ -323,7 +324,9 @@ def test_train_metric_sums_of_a_classification_mixture_per_row():
 
 def test_train_metric_sums_with_one_weight_vector_for_every_row():
     # ω = (1/2, 1/2): p = (0.5, 0.5) on both rows; argmax ties go to class 0 (right for row 0 only).
-    sums = train_metric_sums(PROBABILITIES, torch.tensor([0, 1]), torch.tensor([0.5, 0.5]), "classification")
+    sums = train_metric_sums(
+        PROBABILITIES, torch.tensor([0, 1]), torch.tensor([0.5, 0.5]), Task.CLASSIFICATION
+    )
     torch.testing.assert_close(sums, torch.tensor([2 * math.log(2.0), 1.0, 2.0], dtype=torch.float64))
 
 
@@ -332,20 +335,23 @@ def test_train_metric_sums_of_a_regression_mixture():
     # 1, error 1); row 1 mixes 1/4, 3/4: 0.5 + 4.5 = 5 (target 3, error 4). Both sums are the SSE.
     predictions = torch.tensor([[[1.0], [2.0]], [[3.0], [6.0]]])
     weights = torch.tensor([[0.5, 0.5], [0.25, 0.75]], dtype=torch.float64)
-    sums = train_metric_sums(predictions, torch.tensor([1.0, 3.0]), weights, "regression")
+    sums = train_metric_sums(predictions, torch.tensor([1.0, 3.0]), weights, Task.REGRESSION)
     assert sums.tolist() == [5.0, 5.0, 2.0]
 
 
 def test_train_metric_sums_of_no_rows_are_zero():
     sums = train_metric_sums(
-        torch.zeros(2, 0, 2), torch.zeros(0, dtype=torch.long), torch.zeros(0, 2), "classification"
+        torch.zeros(2, 0, 2), torch.zeros(0, dtype=torch.long), torch.zeros(0, 2), Task.CLASSIFICATION
     )
     assert sums.tolist() == [0.0, 0.0, 0.0]
 
 
-def test_train_metric_sums_refuse_an_unknown_task():
+def test_an_unknown_task_is_refused_where_it_enters_and_the_engine_takes_a_task():
+    # The datamodule and the hosts convert the user's string (Task.of); the engine gets a Task.
     with pytest.raises(ValueError, match="task must be one of"):
-        train_metric_sums(PROBABILITIES, torch.tensor([0, 1]), torch.tensor([0.5, 0.5]), "ranking")
+        Task.of("ranking")
+    with pytest.raises(AttributeError):
+        train_metric_sums(PROBABILITIES, torch.tensor([0, 1]), torch.tensor([0.5, 0.5]), "classification")
 
 
 # --- contributions and contribution_matrix ------------------------------------------------------

@@ -24,6 +24,7 @@ from lightning_fedcluster.engine.lr_schedulers import RoundSchedulers
 from lightning_fedcluster.engine.optimizer_state import persistent_layout
 from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver
 from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 
@@ -56,7 +57,7 @@ def _trainer_free_fit() -> tuple[lf.ClusteredModule, object]:
         plan,
         ServerState(module.copies, state, None, RoundSchedulers()),
         schedule,
-        ClientDirectory(dm.train_sizes, dm.num_classes, "classification"),
+        ClientDirectory(dm.train_sizes, dm.num_classes, Task.CLASSIFICATION),
         optimizer_size=layout.size,
         optimizer_in_store=True,
         num_rounds=ROUNDS,
@@ -64,7 +65,7 @@ def _trainer_free_fit() -> tuple[lf.ClusteredModule, object]:
     sample = dm.train_split(0)[0][:2]
     rows = pass_rows(module.models[0], sample, module.eval_batch_size)
     setup = LocalSetup(
-        module.copies, plan.rule, "classification", plan.seed, rows, dm.batch_size, None, False,
+        module.copies, plan.rule, Task.CLASSIFICATION, plan.seed, rows, dm.batch_size, None, False,
         torch.device("cpu"), num_classes=dm.num_classes,
     )  # fmt: skip
     clients = LocalClients(
@@ -111,7 +112,7 @@ def initial_client_state_for(num_clusters: int):
 
 def _driver(state: ServerState, notes: list[str]) -> RoundDriver:
     plan = lf.FedRCStrategy(3).plan
-    directory = ClientDirectory(torch.full((4,), 10), 10, "classification")
+    directory = ClientDirectory(torch.full((4,), 10), 10, Task.CLASSIFICATION)
     return RoundDriver(plan, state, None, directory, say=notes.append)  # type: ignore[arg-type]
 
 

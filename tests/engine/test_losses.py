@@ -8,6 +8,7 @@ import torch
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.engine.losses import PASS_ACTIVATION_BYTES, activation_bytes_per_sample, pass_rows
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.models import FashionCNN, LinearRegressor, MLPClassifier
 
 
@@ -25,7 +26,7 @@ def test_a_cnn_pass_is_bounded_by_activation_bytes_and_an_mlp_keeps_its_cap():
 
 def test_regression_default_loss_is_the_per_sample_squared_error(synthetic):
     module = lf.ClusteredModule(LinearRegressor(10, 1, bias=False), 2, seed=0)
-    module.task = "regression"
+    module.task = Task.REGRESSION
     x, y = synthetic.train_split(0)
     expected = (module.models[1](x).squeeze(1) - y).square()
     torch.testing.assert_close(module.per_sample_loss(1, x, y), expected)

@@ -16,6 +16,7 @@ from lightning_fedcluster import ClusteredModule
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.outputs import select_logits
 from lightning_fedcluster.engine.setup_checks import check_output_shape
+from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 
@@ -53,9 +54,9 @@ def _fit(model, dm, executor: str, module_logits_from=None, **strategy_options) 
 @pytest.mark.parametrize("executor", ["loop", "vectorized"])
 def test_dict_and_tuple_forwards_train_exactly_as_plain_logits(dm, executor):
     plain = _fit(MLPClassifier(lr=0.2), dm, executor)
-    by_key = _fit(DictForward(lr=0.2), dm, executor, logits_from="logits")  # on the strategy
+    by_key = _fit(DictForward(lr=0.2), dm, executor, module_logits_from="logits")
     by_index = _fit(TupleForward(lr=0.2), dm, executor, module_logits_from=-1)  # on the module
-    by_callable = _fit(DictForward(lr=0.2), dm, executor, logits_from=lambda out: out["logits"])
+    by_callable = _fit(DictForward(lr=0.2), dm, executor, module_logits_from=lambda out: out["logits"])
     for other in (by_key, by_index, by_callable):
         for name, value in plain.state_dict().items():
             assert torch.equal(value, other.state_dict()[name]), name
@@ -81,26 +82,25 @@ def test_a_bad_logits_from_fails_before_training_naming_it(dm):
     with pytest.raises(
         ValueError, match=r"logits_from='scores' is not a key.*\['features', 'logits', 'probs'\]"
     ):
-        _fit(DictForward(), dm, "loop", logits_from="scores")
+        _fit(DictForward(), dm, "loop", module_logits_from="scores")
     with pytest.raises(ValueError, match="logits_from=2 is out of range for the 2-element tuple"):
         _fit(TupleForward(), dm, "loop", module_logits_from=2)
     with pytest.raises(ValueError, match="logits_from=.* failed on DictForward.forward's output: KeyError"):
-        _fit(DictForward(), dm, "loop", logits_from=lambda out: out["missing"])
+        _fit(DictForward(), dm, "loop", module_logits_from=lambda out: out["missing"])
     with pytest.raises(
         ValueError, match=r"forward \(read through logits_from=0\) must return logits .* got \(8, 64\)"
     ):
-        _fit(TupleForward(), dm, "loop", logits_from=0)  # the features: wrong width
+        _fit(TupleForward(), dm, "loop", module_logits_from=0)  # the features: wrong width
     with pytest.raises(TypeError, match="logits_from must be"):
         lf.FedRCStrategy(2, logits_from=1.5)
     with pytest.raises(TypeError, match="logits_from must be"):
         ClusteredModule(DictForward(), 2, logits_from=["logits"])
 
 
-def test_logits_from_on_module_and_strategy_must_agree(dm):
-    with pytest.raises(ValueError, match="logits_from='probs'.*logits_from='logits'.*one place"):
-        _fit(DictForward(), dm, "loop", module_logits_from="logits", logits_from="probs")
-    agreed = _fit(DictForward(), dm, "loop", module_logits_from="logits", logits_from="logits")
-    assert agreed.logits_from == "logits"
+def test_logits_from_lives_on_the_module_and_the_strategy_only_builds_it(dm):
+    for strategy_value in ("probs", "logits"):  # a second value, even an equal one, is refused
+        with pytest.raises(ValueError, match=r"FedRCStrategy was given logits_from='\w+' but the module is"):
+            _fit(DictForward(), dm, "loop", module_logits_from="logits", logits_from=strategy_value)
     trainer = make_trainer(lf.FedRCStrategy(2, local_steps=1, logits_from="logits"), max_epochs=1)
     trainer.fit(DictForward(), datamodule=dm)  # a plain LightningModule, wrapped by the strategy
     assert trainer.lightning_module.logits_from == "logits" and trainer.global_step > 0
@@ -109,7 +109,7 @@ def test_logits_from_on_module_and_strategy_must_agree(dm):
 def _warnings_of(model, dm) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_output_shape(model, dm, "classification")
+        check_output_shape(model, dm, Task.CLASSIFICATION)
     return [str(w.message) for w in caught]
 
 
@@ -120,8 +120,8 @@ def test_probabilities_warn_once_before_training_and_logits_do_not(dm):
     assert _warnings_of(MLPClassifier(), dm) == []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check_output_shape(DictForward(), dm, "classification", "probs")
-        check_output_shape(DictForward(), dm, "classification", "logits")
+        check_output_shape(DictForward(), dm, Task.CLASSIFICATION, "probs")
+        check_output_shape(DictForward(), dm, Task.CLASSIFICATION, "logits")
     assert len([w for w in caught if "probabilities" in str(w.message)]) == 1  # "probs" only
     with pytest.warns(UserWarning, match="seems to return probabilities"):
         _fit(SoftmaxForward(), dm, "loop")

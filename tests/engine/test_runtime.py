@@ -12,13 +12,14 @@ from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.losses import evaluate_models
 from lightning_fedcluster.engine.runtime import LocalSetup, LocalSolver, untimed
+from lightning_fedcluster.engine.task import Task
 
 
 def _setup(forward_context=contextlib.nullcontext) -> LocalSetup:
     torch.manual_seed(0)
     models = torch.nn.ModuleList([torch.nn.Linear(4, 3) for _ in range(2)])
     return LocalSetup(
-        ClusterCopies(models, ()), FedRC(2), "classification", 0, 64, 8, None, False,
+        ClusterCopies(models, ()), FedRC(2), Task.CLASSIFICATION, 0, 64, 8, None, False,
         torch.device("cpu"), num_classes=3, forward_context=forward_context,
     )  # fmt: skip
 
@@ -34,7 +35,7 @@ def test_evaluate_is_the_k_models_pass_inside_the_forward_context():
     setup = _setup(context)
     x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
     losses, outputs = setup.evaluate(x, y)
-    expected_losses, expected_outputs = evaluate_models(setup.models, x, y, "classification", 64)
+    expected_losses, expected_outputs = evaluate_models(setup.models, x, y, Task.CLASSIFICATION, 64)
     assert entered == [True]
     assert losses.shape == (5, 2) and torch.equal(losses, expected_losses)
     assert torch.equal(outputs, expected_outputs)

@@ -15,6 +15,7 @@ from lightning_fedcluster.algorithms.client_state import ClientState, Scope, Sta
 from lightning_fedcluster.algorithms.protocols import PersonalMixing, PersonalModels
 from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_step import record_round, round_metrics, round_outcome
+from lightning_fedcluster.engine.task import Task
 
 K = M = 3
 TRAIN_OFFSETS = torch.tensor([0, 2, 6, 9])  # clients 0, 1, 2 own 2, 4 and 3 training rows
@@ -192,7 +193,9 @@ def test_round_outcome_holds_the_reporting_clients_only():
     assert empty.vectors is None and empty.clients.tolist() == [] and tuple(empty.omega.shape) == (0, K)
 
 
-@pytest.mark.parametrize(("task", "second"), [("classification", "train/acc"), ("regression", "train/mse")])
+@pytest.mark.parametrize(
+    ("task", "second"), [(Task.CLASSIFICATION, "train/acc"), (Task.REGRESSION, "train/mse")]
+)
 def test_round_metrics_are_the_summed_metrics_per_sample(task, second):
     rule = Algorithm(K)
     state = ClientState.initial(M, 2, K)
@@ -210,6 +213,6 @@ def test_round_metrics_of_a_round_without_samples_are_zero_not_nan():
     state = ClientState.initial(M, 2, K)
     round_state = _round(rule, state)
     _fill(round_state, reported=())
-    assert round_metrics(round_state, state, "classification") == {
+    assert round_metrics(round_state, state, Task.CLASSIFICATION) == {
         "train/loss": 0.0, "train/acc": 0.0, "train/clients": 0.0, "clusters/active": 3.0,
     }  # fmt: skip

@@ -11,7 +11,7 @@ from lightning_fedcluster.algorithms import FedProx
 
 def test_fedprox_trains_one_model_with_its_proximal_coefficient() -> None:
     strategy = FedProxStrategy(mu=0.3, local_steps=2)
-    assert isinstance(strategy.algorithm, FedProx) and strategy.algorithm.mu == 0.3 and strategy.mu == 0.3
+    assert isinstance(strategy.algorithm, FedProx) and strategy.algorithm.config == FedProx.Config(mu=0.3)
     assert strategy.num_clusters == 1
     assert strategy.plan.name == "FedProx" and strategy.plan.rule is strategy.algorithm
     assert strategy.plan.local_steps == 2
@@ -20,13 +20,13 @@ def test_fedprox_trains_one_model_with_its_proximal_coefficient() -> None:
 def test_fedavg_is_fedprox_without_the_proximal_term() -> None:
     strategy = FedAvgStrategy(clients_per_round=4)
     assert strategy.strategy_name == "fedavg" and strategy.plan.name == "FedAvg"
-    assert isinstance(strategy.algorithm, FedProx) and strategy.algorithm.mu == 0.0
+    assert isinstance(strategy.algorithm, FedProx) and strategy.algorithm.config.mu == 0.0
     assert strategy.num_clusters == 1 and strategy.plan.clients_per_round == 4
 
 
 @pytest.mark.parametrize("mu", [-0.1, float("nan")])
 def test_a_negative_mu_is_refused(mu) -> None:
-    with pytest.raises(ValueError, match="mu must be >= 0"):
+    with pytest.raises(ValueError, match="mu must be a number >= 0"):
         FedProxStrategy(mu=mu)
 
 

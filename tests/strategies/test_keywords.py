@@ -1,8 +1,11 @@
 """Strategies reject keyword arguments they do not read (a typo must not train with the default),
-naming the nearest valid one; Lightning's DDP process arguments still pass."""
+naming the nearest valid one; Lightning's DDP process arguments still pass. A named strategy's
+flat rule options go into the rule's frozen Config, whose defaults they cannot drift from."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from datetime import timedelta
 
 import pytest
@@ -11,7 +14,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 import lightning_fedcluster.strategies as strategies
 from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.strategies.federated import FederatedStrategy
-from lightning_fedcluster.strategies.keywords import init_parameters
+from lightning_fedcluster.strategies.keywords import init_parameters, rule_config
 
 CLASSES = [getattr(strategies, name) for name in strategies.__all__]
 
@@ -80,3 +83,65 @@ def test_valid_names_come_from_the_signatures_subclass_first():
     names = init_parameters(strategies.FedRCStrategy, FederatedStrategy)
     assert names[:2] == ["num_clusters", "hard_prediction"]
     assert "clients_per_round" in names and "timeout" in names and len(names) == len(set(names))
+
+
+# The Config fields a strategy sets itself instead of taking them as keywords.
+SET_BY_THE_STRATEGY = {"seed", "reseed_seed", "use_label_stats", "weighted"}
+NAMED = [cls for cls in CLASSES if cls is not FederatedStrategy]
+
+
+@pytest.mark.parametrize("cls", NAMED, ids=lambda c: c.__name__)
+def test_each_strategys_rule_options_default_as_its_rules_config(cls):
+    strategy = cls(local_steps=1)
+    config = strategy.algorithm.config
+    assert dataclasses.is_dataclass(config) and type(config) is type(strategy.algorithm).Config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.some_option = None  # frozen: no option changes after the rule is built
+    parameters = {}
+    for klass in reversed(cls.__mro__[: cls.__mro__.index(FederatedStrategy)]):
+        parameters.update(inspect.signature(klass.__init__).parameters)
+    fixed = set(cls.fixed_arguments) | SET_BY_THE_STRATEGY
+    for field in dataclasses.fields(config):
+        if field.name in fixed:
+            continue
+        assert field.name in parameters, f"{cls.__name__} does not take {type(config).__name__}.{field.name}"
+        assert parameters[field.name].default == field.default, (cls.__name__, field.name)
+        assert getattr(config, field.name) == field.default, (cls.__name__, field.name)
+    options = {name for name in parameters if name not in ("self", "num_clusters", "kwargs")}
+    assert options <= {field.name for field in dataclasses.fields(config)}, "an option outside the Config"
+
+
+def test_the_strategy_forwards_its_options_into_the_frozen_config_and_checks_them_once():
+    strategy = strategies.FedRCStrategy(3, adam_gamma=True, label_noise_std=[0.1, 0.2], seed=7)
+    assert strategy.algorithm.config == FedRC.Config(
+        adam_gamma=True, label_noise_std=(0.1, 0.2), reseed_seed=7
+    )
+    assert strategies.FedEMStrategy(2).algorithm.config.use_label_stats is False
+    assert not hasattr(strategies.CFLStrategy(eps1=0.3), "eps1")  # one home: the rule's config
+    assert strategies.CFLStrategy(eps1=0.3).algorithm.config.eps1 == 0.3
+    with pytest.raises(ValueError, match=r"eps2 must be a number > 0, got -1"):
+        strategies.CFLStrategy(eps2=-1)
+    with pytest.raises(ValueError, match=r"smoother \(σ\) must be in \(0, 1\), got 1.5"):
+        strategies.FedSoftStrategy(smoother=1.5)
+
+
+def test_rule_config_picks_the_configs_fields_and_the_strategys_own_values():
+    config = rule_config(FedRC.Config, {"adam_gamma": True, "seed": 3, "self": object()}, reseed_seed=3)
+    assert config == FedRC.Config(adam_gamma=True, reseed_seed=3)
+
+
+@pytest.mark.parametrize("cls", NAMED, ids=lambda c: c.__name__)
+def test_the_cli_help_documents_each_rule_option_from_its_config(cls):
+    import docstring_parser
+
+    documented = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__doc__ and klass.__module__.startswith("lightning_fedcluster"):
+            documented |= {p.arg_name: p.description for p in docstring_parser.parse(klass.__doc__).params}
+    config = type(cls(local_steps=1).algorithm).Config
+    config_docs = {p.arg_name: p.description for p in docstring_parser.parse(config.__doc__).params}
+    own = set(inspect.signature(cls.__init__).parameters) - {"self", "num_clusters", "kwargs"}
+    for name in own - set(cls.fixed_arguments):
+        assert documented.get(name) == config_docs[name], (
+            f"{cls.__name__}.{name} is not documented from {config}"
+        )

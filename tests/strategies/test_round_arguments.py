@@ -1,60 +1,66 @@
-"""strategies/round_arguments.py: every round argument and reply setting is checked when the
-strategy is built, each error naming the argument (and the fix where there is one)."""
+"""strategies/round_arguments.py: the strategy's settings in four frozen groups, each checked once
+on construction with errors naming the argument (and the fix where there is one); the strategy
+stores the groups and builds its plan from them."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.algorithms import FedRC
+from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.strategies.round_arguments import (
+    Execution,
+    LocalTraining,
+    Sampling,
+    ServerUpdate,
     algorithm_clusters,
-    check_reply_arguments,
-    check_round_arguments,
 )
 
-VALID = {
-    "clients_per_round": None,
-    "local_steps": 5,
-    "local_epochs": None,
-    "drop_last": False,
-    "seed": 0,
-    "executor": "auto",
-    "clients_per_chunk": None,
-    "server_lr": 1.0,
-    "finetune_epochs": 0,
-}
 
-
-def test_valid_round_arguments_pass() -> None:
-    check_round_arguments(**VALID)
-    check_round_arguments(**VALID | {"local_steps": None, "local_epochs": 2, "drop_last": True})
-    check_round_arguments(
-        **VALID | {"clients_per_round": 3, "executor": "vectorized", "clients_per_chunk": 8}
-    )
-    check_round_arguments(**VALID | {"seed": 2**32 - 1, "server_lr": 0.01, "finetune_epochs": 3})
+def test_valid_groups_pass_and_local_steps_defaults_to_five_without_epochs() -> None:
+    assert LocalTraining().local_steps == 5 and LocalTraining(local_epochs=2).local_steps is None
+    assert LocalTraining(local_epochs=2, drop_last=True, finetune_epochs=3).drop_last
+    assert Sampling(3, 3).clients_per_round == 3 and Sampling(None, 7).min_clients_per_round == 7
+    assert Execution("vectorized", 8).clients_per_chunk == 8
+    assert ServerUpdate(0.01, ServerOptimizerConfig("adam"), 10).max_update_norm == 10.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Sampling().clients_per_round = 4
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("make", "message"),
     [
-        ({"clients_per_round": 0}, "clients_per_round"),
-        ({"local_steps": 2.5}, "local_steps"),
-        ({"local_steps": None, "local_epochs": 0}, "local_epochs"),
-        ({"local_epochs": 1}, "give either local_steps or local_epochs, not both"),
-        ({"drop_last": 1}, "drop_last must be True or False, got 1"),
-        ({"drop_last": True}, "drop_last applies to local_epochs .*give local_epochs"),
-        ({"seed": 2**32}, r"seed must be an integer in \[0, 2\*\*32\)"),
-        ({"executor": "gpu"}, r"executor must be one of \('auto', 'loop', 'vectorized'\), got 'gpu'"),
-        ({"clients_per_chunk": 0}, "clients_per_chunk"),
-        ({"server_lr": 0.0}, "server_lr must be > 0, got 0.0"),
-        ({"finetune_epochs": -1}, "finetune_epochs must be an integer >= 0, got -1"),
-        ({"finetune_epochs": True}, "finetune_epochs must be an integer >= 0, got True"),
+        (lambda: Sampling(clients_per_round=0), "clients_per_round"),
+        (lambda: LocalTraining(local_steps=2.5), "local_steps"),
+        (lambda: LocalTraining(local_epochs=0), "local_epochs"),
+        (
+            lambda: LocalTraining(local_steps=5, local_epochs=1),
+            "give either local_steps or local_epochs, not both",
+        ),
+        (lambda: LocalTraining(local_epochs=1, drop_last=1), "drop_last must be True or False, got 1"),
+        (lambda: LocalTraining(drop_last=True), "drop_last applies to local_epochs .*give local_epochs"),
+        (lambda: LocalTraining(finetune_epochs=-1), "finetune_epochs must be an integer >= 0, got -1"),
+        (lambda: LocalTraining(finetune_epochs=True), "finetune_epochs must be an integer >= 0, got True"),
+        (lambda: LocalTraining(optimizer_state="keep"), "optimizer_state must be one of"),
+        (
+            lambda: LocalTraining(optimizer_state_dtype="float16"),
+            "applies to the store of optimizer_state='persist'",
+        ),
+        (
+            lambda: Execution(executor="gpu"),
+            r"executor must be one of \('auto', 'loop', 'vectorized'\), got 'gpu'",
+        ),
+        (lambda: Execution(clients_per_chunk=0), "clients_per_chunk"),
+        (lambda: ServerUpdate(server_lr=0.0), "server_lr must be > 0, got 0.0"),
+        (lambda: lf.FedRCStrategy(2, seed=2**32), r"seed must be an integer in \[0, 2\*\*32\)"),
     ],
 )
-def test_a_bad_round_argument_is_refused_by_name(change, message) -> None:
+def test_a_bad_setting_is_refused_by_name(make, message) -> None:
     with pytest.raises(ValueError, match=message):
-        check_round_arguments(**VALID | change)
+        make()
 
 
 def test_drop_last_needs_local_epochs():
@@ -62,10 +68,28 @@ def test_drop_last_needs_local_epochs():
         lf.FedRCStrategy(2, local_steps=3, drop_last=True)
 
 
+def test_the_strategy_stores_the_groups_and_builds_its_plan_from_them() -> None:
+    strategy = lf.FedRCStrategy(
+        2, clients_per_round=4, min_clients_per_round=2, local_epochs=1, server_lr=0.5,
+        server_optimizer="momentum", executor="loop", max_update_norm=3, seed=9,
+    )  # fmt: skip
+    assert strategy.sampling == Sampling(4, 2)
+    assert strategy.local_training == LocalTraining(local_epochs=1)
+    assert strategy.server_update == ServerUpdate(0.5, ServerOptimizerConfig("momentum"), 3.0)
+    assert strategy.execution == Execution("loop")
+    for loose in ("clients_per_round", "local_steps", "server_lr", "executor", "max_update_norm"):
+        assert not hasattr(strategy, loose), f"{loose} has a second home on the strategy"
+    plan = strategy.plan
+    assert (plan.clients_per_round, plan.min_clients_per_round, plan.local_epochs) == (4, 2, 1)
+    assert (plan.local_steps, plan.server_lr, plan.executor, plan.max_update_norm) == (None, 0.5, "loop", 3.0)
+    assert plan.server_optimizer.kind == "momentum" and plan.seed == 9 and plan.rule is strategy.algorithm
+
+
 def test_valid_reply_settings_pass() -> None:
-    check_reply_arguments(None, 1, None)
-    check_reply_arguments(0.5, 3, 3)
-    check_reply_arguments(10, 7, None)  # no clients_per_round: every client takes part
+    Sampling(None, 1)
+    Sampling(3, 3)
+    Sampling(None, 7)  # no clients_per_round: every client takes part
+    ServerUpdate(max_update_norm=0.5)
 
 
 @pytest.mark.parametrize(

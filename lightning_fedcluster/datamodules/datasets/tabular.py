@@ -23,6 +23,7 @@ from lightning_fedcluster.datamodules import partition
 from lightning_fedcluster.datamodules.clients import build_clients
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
 from lightning_fedcluster.datamodules.validation import check_batch_size, fraction_arg, int_arg
+from lightning_fedcluster.engine.task import Task
 
 __all__ = ["CSVFederated", "read_csv"]
 
@@ -116,7 +117,7 @@ class CSVFederated(FederatedDataModule):
         path: str,
         label_column: str,
         feature_columns: Sequence[str] | None = None,
-        task: str = "classification",
+        task: Task | str = Task.CLASSIFICATION,
         client_column: str | None = None,
         time_column: str | None = None,
         num_segments: int = 1,
@@ -174,7 +175,7 @@ def _build_csv(
     path: str,
     label_column: str,
     feature_columns: Sequence[str] | None,
-    task: str,
+    task: Task | str,
     client_column: str | None,
     time_column: str | None,
     num_segments: int,
@@ -189,15 +190,14 @@ def _build_csv(
     standardize: bool,
     seed: int,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    if task not in ("classification", "regression"):
-        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    task = Task.of(task)  # the user's string becomes a Task here
     num_segments = int_arg("num_segments", num_segments, 1)
     num_clients = int_arg("num_clients", num_clients, 1)
     min_client_size = int_arg("min_client_size", min_client_size, 1)
     seed = int_arg("seed", seed, 0)
     global_test_fraction = fraction_arg("global_test_fraction", global_test_fraction)
     if dirichlet_alpha is not None:
-        if task == "regression":
+        if task is Task.REGRESSION:
             raise ValueError(
                 "dirichlet_alpha is a label skew and needs class labels: pass dirichlet_alpha=None "
                 "(IID) for a regression task"
@@ -240,7 +240,7 @@ def _build_csv(
     n = x.shape[0]
 
     classes: list[str] | None = None
-    if task == "classification":
+    if task is Task.CLASSIFICATION:
         raw = columns[label_column]
         values = np.unique(raw)
         if values.size < 2:

@@ -43,6 +43,7 @@ from lightning_fedcluster.engine.optimizer_state import load_state, read_state
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.round import Reduce, RoundState
 from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver, Timer, untimed
+from lightning_fedcluster.engine.task import Task
 
 
 class Copies(Protocol):
@@ -51,7 +52,7 @@ class Copies(Protocol):
 
     models: nn.ModuleList
     copies: ClusterCopies
-    task: str
+    task: Task
     logits_from: LogitsFrom
 
     @property

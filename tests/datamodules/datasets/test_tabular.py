@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_fedcluster.datamodules.datasets.tabular import CSVFederated, read_csv
+from lightning_fedcluster.engine.task import Task
 
 
 def write_drift_csv(path: Path, n: int = 1200, seed: int = 0, client_ids: int = 0) -> Path:
@@ -138,7 +139,7 @@ def test_regression_task(tmp_path: Path) -> None:
     dm = CSVFederated(
         str(path), label_column="target", task="regression", dirichlet_alpha=None, num_clients=5, seed=0
     )
-    assert dm.task == "regression" and dm.num_classes is None and dm.classes is None
+    assert dm.task is Task.REGRESSION and dm.num_classes is None and dm.classes is None
     assert dm.train_y.dtype == torch.float32 and dm.target_shape == ()
     assert dm.num_global_clients == 1 and dm.global_split(0)[1].shape == (40,)
     with pytest.raises(ValueError, match="dirichlet_alpha=None"):

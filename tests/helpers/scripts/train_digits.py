@@ -17,6 +17,7 @@ import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from lightning_fedcluster.prediction import concat_predictions
+from lightning_fedcluster.strategies.round_arguments import Execution
 
 
 def docs_example() -> dict:
@@ -100,7 +101,7 @@ def train(name: str, executor: str, args: argparse.Namespace, out: str) -> None:
     """Fit strategy ``name`` on the given executor, test it, and write its results under ``out``."""
     recorder = RecordClients()
     strategy = STRATEGIES[name](args.clients_per_round)
-    strategy.executor, strategy.clients_per_chunk = executor, args.clients_per_chunk
+    strategy.execution = Execution(executor, args.clients_per_chunk)  # a frozen group, replaced whole
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="cpu",
