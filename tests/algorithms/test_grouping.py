@@ -286,9 +286,14 @@ def test_after_group_round_every_client_with_a_signature_is_grouped(executor):
 
 
 ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
+LATE_PASS = {**ROBUST, "group_margin": 0.95, "group_late_round": 3}
 
 
-@pytest.mark.parametrize(("grouping", "epoch"), [({}, 0), (ROBUST, 2)], ids=["before", "in-the-hold"])
+@pytest.mark.parametrize(
+    ("grouping", "epoch"),
+    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3)],
+    ids=["before", "in-the-hold", "before-the-late-pass", "in-the-late-hold"],
+)
 def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -420,9 +425,6 @@ def test_late_pass_options_are_checked():
         FedRC(3, group_late_round=5)
     # Without hold the flags are still kept (the late pass must know who was grouped).
     assert HELD in [e.name for e in ConceptGrouping(2, margin=0.7, late_round=4).state_entries()]
-
-
-LATE_PASS = {**ROBUST, "group_margin": 0.95, "group_late_round": 3}
 
 
 def test_late_pass_is_the_same_on_the_loop_and_the_vectorised_executor():
