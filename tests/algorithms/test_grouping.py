@@ -174,9 +174,9 @@ def test_mean_assignment_moves_a_client_that_only_its_medoid_pair_put_in_a_group
     assert_close(medoid_scores(d, start)[2], torch.tensor([0.3, 0.4], dtype=F64))
 
 
-def _ambiguous_state(hold: int) -> tuple[ClientState, ConceptGrouping]:
+def _ambiguous_state(hold: int, late_round: int | None = None) -> tuple[ClientState, ConceptGrouping]:
     """Clients 0-2 predict label 0 as 0, client 3 as 1, client 4 half and half; two clusters."""
-    rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=hold)
+    rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=hold, late_round=late_round)
     state = ClientState.initial(5, 2, 2, rule.state_entries())
     state.seen[:] = True
     state.extra[SIGNATURE][:3, 0] = torch.tensor([0.9, 0.1], dtype=F64)
@@ -384,14 +384,7 @@ def test_late_pass_picks_the_cluster_whose_grouped_members_are_closest_on_averag
 
 
 def test_late_pass_places_the_clients_the_margin_left_out_and_holds_them_from_its_round():
-    rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=2, late_round=4)
-    state = ClientState.initial(5, 2, 2, rule.state_entries())
-    state.seen[:] = True
-    state.extra[SIGNATURE][:3, 0] = torch.tensor([0.9, 0.1], dtype=F64)
-    state.extra[SIGNATURE][3, 0] = torch.tensor([0.1, 0.9], dtype=F64)
-    state.extra[SIGNATURE][4, 0] = torch.tensor([0.5, 0.5], dtype=F64)
-    state.extra[SIGNATURE_ROWS][:, 0] = 5.0
-    state.omega[:3] = torch.tensor([0.3, 0.7], dtype=F64)
+    state, rule = _ambiguous_state(hold=2, late_round=4)
     assert rule.actions(state, 2) == []  # between the passes: nothing
     reassign, held, _ = rule.actions(state, 1)  # the first pass leaves client 4 (distance 1 to both)
     state.omega[reassign.clients] = reassign.omega
