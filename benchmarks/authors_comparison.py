@@ -435,6 +435,8 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
             options["group_margin"] = args.group_margin
         if args.group_hold:
             options["group_hold"] = args.group_hold
+        if args.group_late_round is not None:
+            options["group_late_round"] = args.group_late_round
     if args.merge_threshold is not None:
         options.update(merge_threshold=args.merge_threshold, merge_after=args.merge_after)
     if args.label_stats_floor is not None:
@@ -577,6 +579,7 @@ def main() -> None:
     )
     r.add_argument("--group-margin", type=float, default=None, help="FedRC's group_margin")
     r.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
+    r.add_argument("--group-late-round", type=int, default=None, help="FedRC's group_late_round")
     r.add_argument("--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)")
     r.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu", help="Lightning's accelerator")
     r.add_argument("--quiet-rounds", action="store_true", help="print only each seed's last round")

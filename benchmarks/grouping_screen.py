@@ -20,6 +20,13 @@ recorded round up to the listed one.
 Each cell: the ARI of the grouped clients' groups against their concepts, then how many clients
 were grouped / of them clean (25 / 15 = all). Recordings and commands: ``benchmarks/results/takeoff.md``.
 
+With ``--late L ...``: the late pass (``group_late_round``) on top of ``mean m0.7`` at each listed
+round: the clients the margin left out are placed by the signatures of row L
+(``grouping.late_clusters``, the grouped clients voting with their groups). Printed: the ARI of all
+clients, and how many of the left-out clients went to their concept's group (the group most of
+the concept's grouped clients are in). The rows after a recording's grouping come from its own
+run (another grouping or none), so this is a proxy for a run with the late pass.
+
     python benchmarks/grouping_screen.py --rounds 10 14 \
         --run /work/takeoff/a1=/work/takeoff/diag/a1-g15/seed0.json
 """
@@ -36,6 +43,7 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.grouping import (
     confident,
+    late_clusters,
     mean_distance_groups,
     mean_scores,
     medoid_scores,
@@ -76,6 +84,38 @@ def variants(
     return out
 
 
+def late_pass(rows: dict[int, dict], round_: int, lates: list[int], concept: Tensor, k: int) -> list[str]:
+    """``mean m0.7`` at ``round_``, then the late pass with each row of ``lates``: one line each."""
+    means, counts = (
+        torch.tensor(rows[round_][key], dtype=torch.float64) for key in ("signatures", "signature_rows")
+    )
+    distances, _ = signature_distances(means, counts)
+    held = (counts >= 1).to(torch.float64)
+    groups = mean_distance_groups(distances, held @ held.T, k_medoids(distances, k)[0])
+    sure = confident(mean_scores(distances, held @ held.T, groups), 0.7)
+    home = {c: int(torch.bincount(groups[sure & (concept == c)], minlength=k).argmax()) for c in range(k)}
+    waiting = (~sure).nonzero().flatten()
+    lines = []
+    for late in lates:
+        if late not in rows:
+            continue
+        means, counts = (
+            torch.tensor(rows[late][key], dtype=torch.float64) for key in ("signatures", "signature_rows")
+        )
+        d, _ = signature_distances(means, counts)
+        h = (counts >= 1).to(torch.float64)
+        omega = torch.nn.functional.one_hot(groups, k).to(torch.float64)
+        placed = late_clusters(d, h @ h.T, omega, torch.ones(k, dtype=torch.bool), sure)
+        final = torch.where(sure, groups, placed)
+        right = sum(int(placed[i]) == home[int(concept[i])] for i in waiting.tolist())
+        ari = adjusted_rand_score(concept.numpy(), final.numpy())
+        lines.append(
+            f"  grouped at {round_}, late pass with row {late:>2}: ARI {ari:5.2f}, "
+            f"left-out clients placed right {right}/{waiting.numel()}"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -88,6 +128,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, nargs="+", required=True)
     parser.add_argument("--groups", type=int, default=3, help="K (alive clusters)")
+    parser.add_argument("--late", type=int, nargs="*", default=[], help="rows for the late pass")
     args = parser.parse_args()
     header = None
     for spec in args.run:
@@ -115,6 +156,8 @@ def main() -> None:
                 f"{name:<28} {number:>5} "
                 + " ".join(f"{cell(g, m, concept, clean):>17}" for g, m in result.values())
             )
+            for line in late_pass(rows, number, args.late, concept, args.groups):
+                print(line)
 
 
 if __name__ == "__main__":

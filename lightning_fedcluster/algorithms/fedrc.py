@@ -81,6 +81,10 @@ class FedRCConfig:
         group_hold: e.g. 5: for this many rounds after the grouping, a grouped client gives
             every sample γ = its ω, so that each concept's cluster learns all of the concept's
             labels before FedRC's E-step may move samples again (0: never; needs ``group_round``).
+        group_late_round: e.g. 20, with ``group_margin``: after this many rounds, each client the
+            margin left ungrouped goes to the cluster whose grouped clients' signatures are
+            closest on average, and is held for ``group_hold`` rounds (:mod:`.grouping`; None:
+            FedRC's E-step places them; needs ``group_round``).
         merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
             of the two clusters whose members' mean log-likelihood per sample differs least
             between them, when that gap is below this (nats); None: never. With grouping,
@@ -103,6 +107,7 @@ class FedRCConfig:
     group_assign: str = "medoid"
     group_margin: float | None = None
     group_hold: int = 0
+    group_late_round: int | None = None
     merge_threshold: float | None = None
     merge_after: int = 0
 
@@ -130,6 +135,7 @@ class FedRCConfig:
             ("group_assign", self.group_assign, "medoid", "group_round", self.group_round is not None),
             ("group_margin", self.group_margin, None, "group_round", self.group_round is not None),
             ("group_hold", self.group_hold, 0, "group_round", self.group_round is not None),
+            ("group_late_round", self.group_late_round, None, "group_round", self.group_round is not None),
             ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
         ):
             if not on and value != default:
@@ -144,7 +150,12 @@ class FedRCConfig:
         if self.group_round is None:
             return None
         return ConceptGrouping(
-            self.group_round, self.group_share, self.group_assign, self.group_margin, self.group_hold
+            self.group_round,
+            self.group_share,
+            self.group_assign,
+            self.group_margin,
+            self.group_hold,
+            self.group_late_round,
         )
 
     @property

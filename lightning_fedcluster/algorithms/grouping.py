@@ -30,6 +30,14 @@ samples γ = its ω (the per-sample responsibilities are set aside, and ω stays
 it, a cluster that cannot predict some labels (it lost them to the other clusters before the
 grouping) sends its own concept's samples of those labels elsewhere at once, never learns them,
 and the concept's clients drift out of it (measured on digits-28, ``docs/how-clusters-form.md``).
+
+``late_round`` (with ``margin``) places the clients the margin left out, once the grouped clusters
+have specialised: the clients keep computing signatures until then, and after round ``late_round``
+each still-ungrouped client gets ω ``share`` on the cluster whose grouped members (by their argmax
+ω) have the closest signatures on average (the same shared-label-weighted mean as ``assign="mean"``);
+with ``hold`` it is then held as the first pass's clients were, for ``hold`` rounds from there.
+Without it FedRC's E-step places those clients, and on the authors' label skew it places the
+corrupted ones in the wrong clusters (``docs/how-clusters-form.md``).
 """
 
 from __future__ import annotations
@@ -54,7 +62,8 @@ from lightning_fedcluster.algorithms.signatures import (
 )
 
 SIGNATURE, SIGNATURE_ROWS = "signature", "signature_rows"
-HELD = "group_held"  # 1 for a client the grouping placed (and holds with ``hold``), else 0
+HELD = "group_held"  # 1: the grouping placed the client; 2: the late pass did; 0: neither
+GROUPED, LATE = 1.0, 2.0
 ASSIGNMENTS = ("medoid", "mean")
 
 
@@ -66,13 +75,16 @@ class ConceptGrouping:
     the grouped clients' ω on their group's cluster; ``assign``: "medoid" (k-medoids' groups) or
     "mean" (refined by the mean distance to the group's members); ``margin``: group only the
     clients whose best group score is below ``margin`` × the second best (None: every client);
-    ``hold``: rounds after the grouping in which the grouped clients' γ is their ω."""
+    ``hold``: rounds after the grouping in which the grouped clients' γ is their ω;
+    ``late_round``: after this many rounds, place the clients the margin left ungrouped (None:
+    never; needs ``margin``)."""
 
     group_round: int
     share: float = 0.9
     assign: str = "medoid"
     margin: float | None = None
     hold: int = 0
+    late_round: int | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -101,6 +113,18 @@ class ConceptGrouping:
             )
         if isinstance(self.hold, bool) or not isinstance(self.hold, int) or self.hold < 0:
             raise ValueError(f"group_hold must be a non-negative integer (rounds), got {self.hold!r}")
+        late = self.late_round
+        if late is not None:
+            if isinstance(late, bool) or not isinstance(late, int) or late <= self.group_round:
+                raise ValueError(
+                    f"group_late_round must be an integer above group_round={self.group_round} "
+                    f"(rounds before the late pass), got {late!r}"
+                )
+            if margin is None:
+                raise ValueError(
+                    "group_late_round has no effect without group_margin (every client is grouped): "
+                    "set group_margin too, or drop it"
+                )
 
     def state_entries(self) -> tuple[StateEntry, ...]:
         """Each client's latest signature [C, C] and its row count per label [C], reported; with
@@ -109,15 +133,19 @@ class ConceptGrouping:
             StateEntry(SIGNATURE, Scope.CLIENT, (CLASSES, CLASSES), reported=True),
             StateEntry(SIGNATURE_ROWS, Scope.CLIENT, (CLASSES,), reported=True),
         )
-        return entries + ((StateEntry(HELD, Scope.CLIENT),) if self.hold else ())
+        flagged = self.hold or self.late_round is not None
+        return entries + ((StateEntry(HELD, Scope.CLIENT),) if flagged else ())
 
     def holds(self, round_index: int, extra: dict[str, Tensor]) -> bool:
         """Whether this client's E-step of round ``round_index`` is held (γ = ω)."""
+        if self.late_round is not None and bool(extra[HELD] == LATE):
+            return self.late_round <= round_index < self.late_round + self.hold
         within = self.group_round <= round_index < self.group_round + self.hold
         return within and bool(extra[HELD] > 0)
 
     def wants_signature(self, round_index: int) -> bool:
-        return round_index < self.group_round
+        last = self.group_round if self.late_round is None else self.late_round
+        return round_index < last
 
     def record_signature(
         self, outputs: Tensor, labels: Tensor, active: Tensor, extra: dict[str, Tensor]
@@ -128,7 +156,9 @@ class ConceptGrouping:
         extra[SIGNATURE], extra[SIGNATURE_ROWS] = means, counts
 
     def actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
-        """After round ``round_index``: the grouping's actions when it is due, else none."""
+        """After round ``round_index``: the grouping's (or the late pass's) actions when due, else none."""
+        if self.late_round is not None and round_index == self.late_round - 1:
+            return self._late_actions(state, round_index)
         if round_index != self.group_round - 1:
             return []
         clients = (state.seen & (state.extra[SIGNATURE_ROWS].sum(1) > 0)).nonzero().flatten()
@@ -172,9 +202,36 @@ class ConceptGrouping:
         )
         return [Reassign(clients, omega), *self._held(state, clients[sure]), note]
 
+    def _late_actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
+        """The late pass: every seen client with a signature that no pass placed goes to the cluster
+        of :func:`late_clusters`, with ω ``share`` there; flagged ``LATE`` (held with ``hold``)."""
+        flags = state.extra[HELD]
+        with_signature = state.seen & (state.extra[SIGNATURE_ROWS].sum(1) > 0)
+        grouped, waiting = with_signature & (flags > 0), with_signature & (flags == 0)
+        if not bool(grouped.any()) or not bool(waiting.any()):
+            return [Note(f"round {round_index}: late grouping pass: no ungrouped client to place")]
+        clients = (grouped | waiting).nonzero().flatten()
+        rows = state.extra[SIGNATURE_ROWS][clients]
+        distances, _ = signature_distances(state.extra[SIGNATURE][clients], rows)
+        held = (rows >= 1).to(torch.float64)
+        clusters = late_clusters(
+            distances, held @ held.T, state.omega[clients], state.active, grouped[clients]
+        )
+        placed = waiting[clients] & (clusters >= 0)
+        if not bool(placed.any()):
+            return [Note(f"round {round_index}: late grouping pass: no ungrouped client shares a label")]
+        omega = cluster_omega(clusters[placed], state.active, self.share)
+        marked = flags.clone()
+        marked[clients[placed]] = LATE
+        note = Note(
+            f"round {round_index}: late grouping pass placed {int(placed.sum())} ungrouped clients in "
+            f"clusters {clusters[placed].tolist()}"
+        )
+        return [Reassign(clients[placed], omega), SetState(HELD, marked), note]
+
     def _held(self, state: ClientState | ClientStoreView, grouped: Tensor) -> list[ServerAction]:
-        """With ``hold``: the action that marks the grouped clients (and only them) as held."""
-        if not self.hold:
+        """With ``hold`` (or a late pass): the action that marks the grouped clients (and only them)."""
+        if not self.hold and self.late_round is None:
             return []
         flags = torch.zeros_like(state.extra[HELD])
         flags[grouped] = 1.0
@@ -220,6 +277,34 @@ def mean_distance_groups(
     return canonical_labels(groups)
 
 
+def late_clusters(
+    distances: Tensor, weights: Tensor, omega: Tensor, active: Tensor, grouped: Tensor
+) -> Tensor:
+    """The late pass's cluster [M] for each client: the alive cluster whose ``grouped`` members
+    (each in its argmax-ω cluster) have the lowest :func:`mean_scores` to it; -1 where no grouped
+    member shares a label with it. ``distances``/``weights`` [M, M], ``omega`` [M, K], ``grouped``
+    [M] bool."""
+    masked = torch.where(active.to(omega.device), omega.to(torch.float64), -torch.inf)
+    member_cluster = masked.argmax(1)
+    votes = weights.to(torch.float64) * grouped.to(torch.float64)  # only grouped members vote
+    scores = mean_scores(distances, votes, member_cluster)  # [M, up to K]
+    best = scores.argmin(1)
+    return torch.where(scores.isfinite().any(1), best, torch.full_like(best, -1))
+
+
+def cluster_omega(clusters: Tensor, active: Tensor, share: float) -> Tensor:
+    """ω [n, K]: ``share`` on each client's cluster, (1 − share) spread evenly over the other alive
+    clusters (all of it on the cluster when it is the only one alive)."""
+    alive = active.nonzero().flatten()
+    result = torch.zeros(clusters.numel(), active.numel(), dtype=torch.float64)
+    if alive.numel() == 1:
+        result[:, alive[0]] = 1.0
+        return result
+    result[:, alive] = (1 - share) / (alive.numel() - 1)
+    result[torch.arange(clusters.numel()), clusters] = share
+    return result
+
+
 def medoid_scores(distances: Tensor, groups: Tensor) -> Tensor:
     """Each client's distance to each group's medoid [M, G] (the member with the least total
     distance to its group; unknown distances count as the largest known one)."""
@@ -258,10 +343,4 @@ def grouped_omega(groups: Tensor, omega: Tensor, active: Tensor, share: float) -
     rows, cols = linear_sum_assignment(mass.numpy(), maximize=True)
     cluster_of = torch.empty(count, dtype=torch.long)
     cluster_of[torch.as_tensor(rows)] = alive[torch.as_tensor(cols)]
-    result = torch.zeros(groups.numel(), active.numel(), dtype=torch.float64)
-    if alive.numel() == 1:
-        result[:, alive[0]] = 1.0
-        return result
-    result[:, alive] = (1 - share) / (alive.numel() - 1)
-    result[torch.arange(groups.numel()), cluster_of[groups]] = share
-    return result
+    return cluster_omega(cluster_of[groups], active, share)

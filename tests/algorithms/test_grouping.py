@@ -1,7 +1,7 @@
 """algorithms/grouping.py: concept grouping (a take-off option of FedRC) against hand computations:
 the client signature, the group-to-cluster matching and the grouped ω, the choice of the group
 count, when it acts, and its wiring into FedRC's E-step and server step; the mean-distance
-assignment, the margin, and the hold after the grouping."""
+assignment, the margin, the hold after the grouping, and the late pass for the ungrouped clients."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.grouping import (
+    GROUPED,
     HELD,
+    LATE,
     SIGNATURE,
     SIGNATURE_ROWS,
     ConceptGrouping,
     confident,
     grouped_omega,
     held_report,
+    late_clusters,
     mean_distance_groups,
     mean_scores,
     medoid_scores,
@@ -171,9 +174,9 @@ def test_mean_assignment_moves_a_client_that_only_its_medoid_pair_put_in_a_group
     assert_close(medoid_scores(d, start)[2], torch.tensor([0.3, 0.4], dtype=F64))
 
 
-def _ambiguous_state(hold: int) -> tuple[ClientState, ConceptGrouping]:
+def _ambiguous_state(hold: int, late_round: int | None = None) -> tuple[ClientState, ConceptGrouping]:
     """Clients 0-2 predict label 0 as 0, client 3 as 1, client 4 half and half; two clusters."""
-    rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=hold)
+    rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=hold, late_round=late_round)
     state = ClientState.initial(5, 2, 2, rule.state_entries())
     state.seen[:] = True
     state.extra[SIGNATURE][:3, 0] = torch.tensor([0.9, 0.1], dtype=F64)
@@ -283,9 +286,14 @@ def test_after_group_round_every_client_with_a_signature_is_grouped(executor):
 
 
 ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
+LATE_PASS = {**ROBUST, "group_margin": 0.95, "group_late_round": 3}
 
 
-@pytest.mark.parametrize(("grouping", "epoch"), [({}, 0), (ROBUST, 2)], ids=["before", "in-the-hold"])
+@pytest.mark.parametrize(
+    ("grouping", "epoch"),
+    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3)],
+    ids=["before", "in-the-hold", "before-the-late-pass", "in-the-late-hold"],
+)
 def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -339,3 +347,86 @@ def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor():
         assert_close(vectorized.state_dict()[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
     assert_close(vectorized.client_state.omega, loop.client_state.omega, atol=1e-5, rtol=0)
     assert torch.equal(vectorized.client_state.extra[HELD], loop.client_state.extra[HELD])
+
+
+# --- the late pass ---------------------------------------------------------------------------------
+
+
+def test_late_pass_picks_the_cluster_whose_grouped_members_are_closest_on_average():
+    # Clients 0, 1 grouped in cluster 1, client 2 in cluster 0 (its ω is largest on cluster 2, which
+    # is dead); clients 3 and 4 ungrouped (their own ω: argmax cluster 0).
+    d = torch.tensor(
+        [
+            [0.0, 0.1, 0.9, 0.2, 0.5],
+            [0.1, 0.0, 0.9, 0.6, 0.5],
+            [0.9, 0.9, 0.0, 0.45, 0.6],
+            [0.2, 0.6, 0.45, 0.0, 0.0],
+            [0.5, 0.5, 0.6, 0.0, 0.0],
+        ],
+        dtype=F64,
+    )
+    w = torch.ones(5, 5, dtype=F64)
+    w[3, 1] = w[1, 3] = w[3, 4] = w[4, 3] = 3.0
+    w[3, 2] = w[2, 3] = 2.0
+    omega = torch.tensor(
+        [[0.1, 0.8, 0.1], [0.1, 0.8, 0.1], [0.3, 0.2, 0.5], [0.4, 0.3, 0.3], [0.4, 0.3, 0.3]], dtype=F64
+    )
+    active = torch.tensor([True, True, False])
+    grouped = torch.tensor([True, True, True, False, False])
+    clusters = late_clusters(d, w, omega, active, grouped)
+    # Client 3: cluster 1 (1 * 0.2 + 3 * 0.6) / 4 = 0.5, cluster 0 0.45 -> 0 (unweighted: 0.4 -> 1).
+    # Client 4: cluster 1 0.5, cluster 0 0.6 -> 1; client 3 (distance 0) does not vote.
+    assert clusters[3:].tolist() == [0, 1]
+    assert late_clusters(d, torch.ones(5, 5, dtype=F64), omega, active, grouped)[3] == 1
+    # No grouped member shares a label with client 4: -1.
+    w[4, :3] = w[:3, 4] = 0.0
+    assert late_clusters(d, w, omega, active, grouped)[4] == -1
+
+
+def test_late_pass_places_the_clients_the_margin_left_out_and_holds_them_from_its_round():
+    state, rule = _ambiguous_state(hold=2, late_round=4)
+    assert rule.actions(state, 2) == []  # between the passes: nothing
+    reassign, held, _ = rule.actions(state, 1)  # the first pass leaves client 4 (distance 1 to both)
+    state.omega[reassign.clients] = reassign.omega
+    state.extra[HELD] = held.value
+    assert held.value.tolist() == [GROUPED] * 4 + [0.0]
+    # By round 3 client 4's label-0 row leans to label 1, as client 3's (cluster 0) does.
+    state.extra[SIGNATURE][4, 0] = torch.tensor([0.3, 0.7], dtype=F64)
+    reassign, held, note = rule.actions(state, 3)
+    assert reassign.clients.tolist() == [4]
+    assert_close(reassign.omega, torch.tensor([[0.8, 0.2]], dtype=F64))
+    assert held.name == HELD and held.value.tolist() == [GROUPED] * 4 + [LATE]
+    assert "placed 1 ungrouped clients in clusters [0]" in note.text
+    # Signatures until the late pass; the first pass's clients held in rounds 2-3, the late one in 4-5.
+    assert [rule.wants_signature(r) for r in (1, 3, 4)] == [True, True, False]
+    for flag, rounds in ((GROUPED, {2, 3}), (LATE, {4, 5}), (0.0, set())):
+        extra = {HELD: torch.tensor(flag, dtype=F64)}
+        assert {r for r in range(8) if rule.holds(r, extra)} == rounds
+    # Nothing left to place: a note only.
+    state.extra[HELD][4] = LATE
+    (note,) = rule.actions(state, 3)
+    assert "no ungrouped client" in note.text
+
+
+def test_late_pass_options_are_checked():
+    for late in (2, 1, 2.5, True):
+        with pytest.raises(ValueError, match="group_late_round must be an integer above group_round=2"):
+            ConceptGrouping(group_round=2, margin=0.7, late_round=late)
+    with pytest.raises(ValueError, match="group_late_round has no effect without group_margin"):
+        ConceptGrouping(group_round=2, late_round=4)
+    with pytest.raises(ValueError, match="group_late_round=5 has no effect without group_round"):
+        FedRC(3, group_late_round=5)
+    # Without hold the flags are still kept (the late pass must know who was grouped).
+    assert HELD in [e.name for e in ConceptGrouping(2, margin=0.7, late_round=4).state_entries()]
+
+
+def test_late_pass_is_the_same_on_the_loop_and_the_vectorised_executor():
+    loop, vectorized = (
+        _grouped_fit(5, executor, grouping=LATE_PASS).lightning_module for executor in ("loop", "vectorized")
+    )
+    flags = loop.client_state.extra[HELD]
+    assert bool((flags == LATE).any()) and bool((flags == GROUPED).any())
+    for name, tensor in loop.state_dict().items():
+        assert_close(vectorized.state_dict()[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    assert_close(vectorized.client_state.omega, loop.client_state.omega, atol=1e-5, rtol=0)
+    assert torch.equal(vectorized.client_state.extra[HELD], flags)
