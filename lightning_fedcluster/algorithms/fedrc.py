@@ -9,8 +9,7 @@ Adaptive cluster removal (App. F) is :func:`clusters_to_remove` plus ``ClientSta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import pairwise
 from typing import Any
 
@@ -26,144 +25,16 @@ from lightning_fedcluster.algorithms.base import (
     soft_e_step_of_clients,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
-from lightning_fedcluster.algorithms.grouping import ConceptGrouping, held_report
-from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, ClusterMerging, client_scores
-from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR, label_statistics, label_sums
+from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
+from lightning_fedcluster.algorithms.grouping import held_report
+from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
+from lightning_fedcluster.algorithms.mixture import label_statistics, label_sums
 from lightning_fedcluster.algorithms.protocols import ClientOutputs, LabelStatistics
 from lightning_fedcluster.algorithms.reseed import cluster_shares, reseed_split
 from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOutcome, ServerView
 
 # FedRC-Adam defaults (App. H.3).
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
-
-
-@dataclass(frozen=True)
-class FedRCConfig:
-    """FedRC's (and FedEM's) options, ``FedRC.Config``: defaults, checks and docs in one place.
-
-    Args:
-        use_label_stats: divide by C_{y,k} (FedRC); False gives FedEM (C ≡ 1; works for regression).
-        hard_prediction: predict with the argmax-ω model only (TeHC) instead of the ω-mixture.
-        hard_training: train only the argmax-ω model, every sample with weight 1 (TrHC; it hurts,
-            paper Table 15: ablations only).
-        adam_gamma: FedRC-Adam (App. H.3): Adam steps on γ with g = γ_prev − γ_E-step, γ kept per
-            sample between rounds.
-        label_noise_std: σ_i of the Gaussian noise each client adds to its label sums (privacy,
-            App. E); one value for all clients, or one per client.
-        removal_threshold: δ of adaptive K (App. F, e.g. 0.05): start with a generous
-            ``num_clusters`` and, after each round, remove clusters whose share of γ over all seen
-            clients' data is below δ (None: never).
-        label_stats_floor: the smallest C_{y,k} the E-step divides by (the authors' 1e-8). A
-            cluster that holds almost no rows of label y otherwise pulls every label-y sample of
-            every client towards itself by up to 1/floor, which breaks up concept clusters whose
-            clients lack some labels (strong label skew, few clients per cluster); e.g. 0.01 caps
-            the pull at 100x.
-        reseed_threshold: a remedy for dead clusters, off by default and in the paper presets
-            (e.g. 0.05): after a round, the emptiest cluster whose share of γ is below it restarts
-            as a copy of the largest cluster, which hands it a seeded random half of its clients
-            (:mod:`.reseed`); a server optimizer restarts its state for the re-seeded cluster. Not
-            with ``removal_threshold`` or ``adam_gamma``.
-        reseed_seed: seeds the random half of clients a re-seeding moves (a strategy passes its
-            ``seed``).
-        group_round: concept grouping, a take-off mechanism (:mod:`.grouping`, ours; off by
-            default and in the paper presets): in the rounds before it, clients compute a
-            label-conditioned prediction signature in their E-step; after round ``group_round``
-            the server groups them by k-medoids and gives each group's clients ω ``group_share``
-            on one cluster (docs: "How clusters form").
-        group_share: the grouped clients' ω on their group's cluster (needs ``group_round``).
-        group_assign: "medoid" (k-medoids' groups, the default) or "mean": each client then moves
-            to the group whose members are closest on average, weighted by the labels the two
-            share, which keeps clients with noisy signatures (corrupted images, few shared
-            labels) from dragging a group (:mod:`.grouping`; needs ``group_round``).
-        group_margin: e.g. 0.7: group only the clients whose best group score is below this
-            times the second best; the others get uniform ω and FedRC's E-step places them
-            (None: group every client; needs ``group_round``).
-        group_hold: e.g. 5: for this many rounds after the grouping, a grouped client gives
-            every sample γ = its ω, so that each concept's cluster learns all of the concept's
-            labels before FedRC's E-step may move samples again (0: never; needs ``group_round``).
-        group_late_round: e.g. 20, with ``group_margin``: after this many rounds, each client the
-            margin left ungrouped goes to the cluster whose grouped clients' signatures are
-            closest on average, and is held for ``group_hold`` rounds (:mod:`.grouping`; None:
-            FedRC's E-step places them; needs ``group_round``).
-        merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
-            of the two clusters whose members' mean log-likelihood per sample differs least
-            between them, when that gap is below this (nats); None: never. With grouping,
-            ``num_clusters`` is then an upper bound on K.
-        merge_after: the first round index after which a merge may happen (needs
-            ``merge_threshold``).
-    """
-
-    use_label_stats: bool = True
-    hard_prediction: bool = False
-    hard_training: bool = False
-    adam_gamma: bool = False
-    label_noise_std: float | tuple[float, ...] = 0.0
-    removal_threshold: float | None = None
-    label_stats_floor: float = LABEL_STATS_FLOOR
-    reseed_threshold: float | None = None
-    reseed_seed: int = 0
-    group_round: int | None = None
-    group_share: float = 0.9
-    group_assign: str = "medoid"
-    group_margin: float | None = None
-    group_hold: int = 0
-    group_late_round: int | None = None
-    merge_threshold: float | None = None
-    merge_after: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.label_noise_std, (int, float)):  # one σ per client: kept as a tuple
-            object.__setattr__(self, "label_noise_std", tuple(self.label_noise_std))
-        check_options(
-            self.use_label_stats,
-            self.label_noise_std,
-            self.removal_threshold,
-            self.reseed_threshold,
-            self.adam_gamma,
-        )
-        floor = self.label_stats_floor
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < 1:
-            raise ValueError(f"label_stats_floor must be in (0, 1) (the authors' 1e-8), got {floor!r}")
-        for name, on in (
-            ("group_round", self.group_round is not None),
-            ("merge_threshold", self.merge_threshold is not None),
-        ):
-            if on and self.adam_gamma:
-                raise ValueError(f"{name} cannot be combined with adam_gamma: use one or the other")
-        for name, value, default, needs, on in (
-            ("group_share", self.group_share, 0.9, "group_round", self.group_round is not None),
-            ("group_assign", self.group_assign, "medoid", "group_round", self.group_round is not None),
-            ("group_margin", self.group_margin, None, "group_round", self.group_round is not None),
-            ("group_hold", self.group_hold, 0, "group_round", self.group_round is not None),
-            ("group_late_round", self.group_late_round, None, "group_round", self.group_round is not None),
-            ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
-        ):
-            if not on and value != default:
-                raise ValueError(
-                    f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
-                )
-        self.grouping, self.merging  # noqa: B018 - their own checks of group_*/merge_* values
-
-    @property
-    def grouping(self) -> ConceptGrouping | None:
-        """Concept grouping as configured (None: off)."""
-        if self.group_round is None:
-            return None
-        return ConceptGrouping(
-            self.group_round,
-            self.group_share,
-            self.group_assign,
-            self.group_margin,
-            self.group_hold,
-            self.group_late_round,
-        )
-
-    @property
-    def merging(self) -> ClusterMerging | None:
-        """Cluster merging as configured (None: off)."""
-        return (
-            None if self.merge_threshold is None else ClusterMerging(self.merge_threshold, self.merge_after)
-        )
 
 
 class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
@@ -392,36 +263,3 @@ def clusters_to_remove(
         keep = int(torch.argmax(torch.where(active, share, torch.full_like(share, -1.0))))
         remove[keep] = False
     return remove
-
-
-def check_options(
-    use_label_stats: bool,
-    label_noise_std: float | Sequence[float],
-    removal_threshold: float | None,
-    reseed_threshold: float | None,
-    adam_gamma: bool,
-) -> None:
-    """ValueError, naming the option, for FedRC options out of range or in conflict."""
-    stds = [label_noise_std] if isinstance(label_noise_std, (int, float)) else list(label_noise_std)
-    if any(isinstance(s, bool) or not isinstance(s, (int, float)) or not s >= 0 for s in stds):
-        raise ValueError(
-            f"label_noise_std must be >= 0 (one value or one per client), got {label_noise_std!r}"
-        )
-    if not use_label_stats and label_noise_std != 0.0:
-        raise ValueError("label_noise_std applies to FedRC's label statistics; FedEM has none")
-    if removal_threshold is not None and not 0 < removal_threshold < 1:
-        raise ValueError(
-            f"removal_threshold must be in (0, 1) (the paper uses 0.05), got {removal_threshold!r}"
-        )
-    if reseed_threshold is None:
-        return
-    threshold = reseed_threshold
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
-        raise ValueError(f"reseed_threshold must be in (0, 1) (e.g. 0.05), got {threshold!r}")
-    conflicts = {
-        "removal_threshold": removal_threshold is not None,  # one removes the clusters the other revives
-        "adam_gamma": adam_gamma,  # per-sample γ would have to be split too
-    }
-    named = [name for name, on in conflicts.items() if on]
-    if named:
-        raise ValueError(f"reseed_threshold cannot be combined with {', '.join(named)}: use one or the other")

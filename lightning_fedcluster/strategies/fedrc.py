@@ -21,7 +21,7 @@ class FedRCStrategy(FederatedStrategy):
     ``group_round``, ``group_share``, ``group_assign``, ``group_margin``, ``group_hold``,
     ``group_late_round``, ``merge_threshold``, ``merge_after``, ``label_stats_floor``)
     are FedRC's options, forwarded into ``FedRC.Config``
-    (:class:`~lightning_fedcluster.algorithms.fedrc.FedRCConfig`), where their defaults, checks
+    (:class:`~lightning_fedcluster.algorithms.fedrc_config.FedRCConfig`), where their defaults, checks
     and docs live; the strategy's ``seed`` seeds re-seeding. For the others see
     :class:`FederatedStrategy` (e.g. ``finetune_epochs=1`` is FedRC-FT,
     ``shared_layers=("features",)`` a shared feature extractor with clustered heads).
