@@ -9,6 +9,8 @@ round) on a data set written by ``authors_comparison.py write``. Configurations:
     fedrc      plain FedRC, K = 3 (today's baseline)
     group      concept grouping after round 15 with the C floor 0.01 (the screening's best)
     group+merge  the same and cluster merging (0.5 nats per sample, from round 25 on)
+    robust     the grouping with group_assign="mean", group_margin=0.7, group_hold=5 and
+               group_late_round=20 (first in priority: the next grid to run)
     fedavg     FedAvgStrategy (one model)
 
 Recorded per job: the concept ARI of every round, the take-off round (first round with ARI >= 0.8),
@@ -55,11 +57,15 @@ MNIST_CELLS = ("m1", "m10")
 ONE_CONCEPT = "m10-one"
 GROUP = {"group_round": 15, "label_stats_floor": 0.01}
 MERGE = {"merge_threshold": 0.5, "merge_after": 25}
+# The robust grouping screened on the CPU on 2026-11-26 (results/takeoff.md): the mean assignment,
+# the margin, the hold and the late pass for the clients the margin leaves out.
+ROBUST = {**GROUP, "group_assign": "mean", "group_margin": 0.7, "group_hold": 5, "group_late_round": 20}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
     "group+merge": ("fedrc", 3, {**GROUP, **MERGE}),
     "group+merge-k6": ("fedrc", 6, {**GROUP, **MERGE}),
+    "robust": ("fedrc", 3, ROBUST),
     "fedavg": ("fedavg", 1, {}),
 }
 
@@ -77,7 +83,8 @@ class Job:
 
 def job_list(seeds: list[int]) -> list[Job]:
     """Every job, in priority order."""
-    jobs = [Job("group", cell, s) for cell in CELLS for s in seeds]
+    jobs = [Job("robust", cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job("group", cell, s) for cell in CELLS for s in seeds]
     jobs += [Job("fedrc", cell, s) for cell in CELLS for s in seeds]
     jobs += [Job(config, ONE_CONCEPT, s) for config in ("group+merge", "fedavg") for s in seeds]
     jobs += [Job("group+merge-k6", "m10", s) for s in seeds]
