@@ -11,11 +11,8 @@ from typing import Any, Generic, TypeVar
 from torch import Tensor
 
 from lightning_fedcluster.datamodules.clients import build_clients
-from lightning_fedcluster.datamodules.scenario import (
-    build_scenario,
-    preset_evaluation_fractions,
-    rows_as_images,
-)
+from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.scenario_arguments import preset_evaluation_fractions, rows_as_images
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 Built = TypeVar("Built")

@@ -2,7 +2,7 @@
 
 `build_scenario` turns (x, y) into `FederatedDataModule` constructor arguments with label shift
 (Dirichlet skew), feature shift (image corruptions) and concept shift (label maps), plus one
-global test client per concept. Its scenario-specific argument checks live here too.
+global test client per concept. Its argument checks are in ``scenario_arguments.py``.
 """
 
 from __future__ import annotations
@@ -18,22 +18,27 @@ from torch import Tensor
 
 from lightning_fedcluster.datamodules import partition
 from lightning_fedcluster.datamodules.metadata import ClientMetadata
+from lightning_fedcluster.datamodules.scenario_arguments import (
+    check_tensors,
+    corrupt_fractions_arg,
+    corruptions_arg,
+    image_shape_arg,
+    preset_arg,
+    preset_evaluation_fractions,
+    proportions_arg,
+)
 from lightning_fedcluster.datamodules.shifts import (
-    ALL_CORRUPTIONS,
     AUTHORS_CIFAR10_C,
     AUTHORS_FASHION_MNIST_C,
-    CORRUPTIONS,
     corrupt,
     label_map,
     max_concepts,
 )
 from lightning_fedcluster.datamodules.validation import (
     Split,
-    check_channels_first,
     check_num_classes_arg,
     fraction_arg,
     int_arg,
-    is_int,
 )
 
 __all__ = ["build_scenario"]
@@ -85,7 +90,7 @@ def build_scenario(
     and each global client into validation/test x adapt/score (`FederatedDataModule`'s val_share,
     adapt_fraction and seed: pass this seed there too, as `from_tensors` does).
     """
-    x, y = _check_tensors(x, y)
+    x, y = check_tensors(x, y)
     if global_test is not None:
         if global_test_fraction not in (None, 0, 0.0):
             raise ValueError(
@@ -94,7 +99,7 @@ def build_scenario(
             )
         if not isinstance(global_test, (tuple, list)) or len(global_test) != 2:
             raise TypeError("global_test must be an (x, y) pair of tensors or None")
-        global_x, global_y = _check_tensors(*global_test, name="global_test")
+        global_x, global_y = check_tensors(*global_test, name="global_test")
         if tuple(global_x.shape[1:]) != tuple(x.shape[1:]):
             raise ValueError(
                 f"global_test inputs have per-sample shape {tuple(global_x.shape[1:])} but x has "
@@ -103,11 +108,11 @@ def build_scenario(
         global_test_fraction = 0.0
     elif global_test_fraction is None:
         global_test_fraction = 0.2
-    authors = _preset_arg(preset, concepts, dirichlet_alpha, concept_proportions, corrupt_fraction)
+    authors = preset_arg(preset, concepts, dirichlet_alpha, concept_proportions, corrupt_fraction)
     if authors and corruptions is None:
         channels = image_shape[0] if image_shape is not None else (x.shape[1] if x.ndim == 4 else 1)
         corruptions = AUTHORS_FASHION_MNIST_C if channels == 1 else AUTHORS_CIFAR10_C
-    pool_of_kinds = _corruptions_arg(corruptions)
+    pool_of_kinds = corruptions_arg(corruptions)
     num_clients = int_arg("num_clients", num_clients, 1)
     concepts = int_arg("concepts", concepts, 1)
     if dirichlet_alpha is not None and (
@@ -148,8 +153,8 @@ def build_scenario(
             f"concepts={concepts} exceeds the {available} distinct label maps available for "
             f"num_classes={num_classes}; use concepts <= {available}"
         )
-    proportions = _proportions_arg(concept_proportions, concepts)
-    fractions = _corrupt_fractions_arg(corrupt_fraction, concepts)
+    proportions = proportions_arg(concept_proportions, concepts)
+    fractions = corrupt_fractions_arg(corrupt_fraction, concepts)
 
     pool_size = labels.size - sum(
         partition.held_out_count(int(n), global_test_fraction) for n in np.bincount(labels) if n
@@ -167,7 +172,7 @@ def build_scenario(
     )
     if authors:
         num_corrupted = int(0.2 * num_clients) + 2 * int(0.1 * num_clients)
-    shape = _image_shape_arg(image_shape, x, needed=num_corrupted > 0)
+    shape = image_shape_arg(image_shape, x, needed=num_corrupted > 0)
     if num_corrupted and (x.min() < 0 or x.max() > 1):
         raise ValueError(
             f"x must be scaled to [0, 1] for corruptions, found values in "
@@ -232,178 +237,3 @@ def build_scenario(
         "num_classes": num_classes,
         "metadata": metadata,
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument checks of build_scenario.
-
-
-def preset_evaluation_fractions(
-    preset: str | None, test_fraction: float | None, adapt_fraction: float | None
-) -> tuple[float, float]:
-    """test_fraction and adapt_fraction left as None: the authors' 0.1 and 0.9 under
-    preset="authors" (their loader splits every client, global ones too, 90 / 10), else 0.2 and 0.4."""
-    authors = preset == "authors"
-    test = (0.1 if authors else 0.2) if test_fraction is None else test_fraction
-    adapt = (0.9 if authors else 0.4) if adapt_fraction is None else adapt_fraction
-    return test, adapt
-
-
-def _preset_arg(
-    preset: str | None,
-    concepts: int,
-    dirichlet_alpha: float | None,
-    concept_proportions: Sequence[float] | None,
-    corrupt_fraction: float | Sequence[float] | None,
-) -> bool:
-    """True for preset="authors" after checking that nothing given contradicts it."""
-    if preset is None:
-        return False
-    if preset != "authors":
-        raise ValueError(f"preset must be None or 'authors', got {preset!r}")
-    if concepts != 3:
-        raise ValueError(f"preset='authors' has three concepts; got concepts={concepts!r}, pass concepts=3")
-    fixed = (("concept_proportions", concept_proportions), ("corrupt_fraction", corrupt_fraction))
-    given = [name for name, value in fixed if value is not None]
-    if given:
-        raise ValueError(
-            f"preset='authors' fixes the client types, so {' and '.join(given)} must be left unset (None)"
-        )
-    if dirichlet_alpha is None:
-        raise ValueError(
-            "preset='authors' draws label shares from Dir(dirichlet_alpha * p); pass a positive "
-            "dirichlet_alpha (the authors use 1.0), not None"
-        )
-    return True
-
-
-def _corruptions_arg(value: Sequence[str] | None) -> tuple[str, ...]:
-    if value is None:
-        return CORRUPTIONS
-    if isinstance(value, str) or not isinstance(value, Sequence) or len(value) == 0:
-        raise ValueError(
-            f"corruptions must be a non-empty list of corruption names, got {value!r}; e.g. shifts.CIFAR10_C"
-        )
-    unknown = [kind for kind in value if kind not in ALL_CORRUPTIONS]
-    if unknown:
-        raise ValueError(f"corruptions has unknown kinds {unknown}; choose from {', '.join(ALL_CORRUPTIONS)}")
-    return tuple(value)
-
-
-def _check_tensors(x: Any, y: Any, name: str = "") -> tuple[Tensor, Tensor]:
-    """Check labelled inputs; `name` prefixes the messages (e.g. "global_test")."""
-    where = f"{name} " if name else ""
-    if not isinstance(x, Tensor) or not isinstance(y, Tensor):
-        kinds = getattr(getattr(y, "dtype", None), "kind", "")  # a numpy array's: U/S strings, O objects
-        if kinds in ("U", "S", "O"):
-            raise TypeError(
-                f"{where}y holds {y.dtype} labels (strings or objects), but labels must be integer-encoded "
-                "class indices 0..C-1: classes, codes = numpy.unique(y, return_inverse=True), then pass "
-                "torch.from_numpy(codes) (classes[i] names class i)"
-            )
-        numpy = (
-            " (numpy arrays: torch.from_numpy(a))"
-            if hasattr(x, "__array__") or hasattr(y, "__array__")
-            else ""
-        )
-        raise TypeError(
-            f"{where}x and y must be torch tensors, got ({type(x).__name__}, {type(y).__name__}){numpy}"
-        )
-    if not x.is_floating_point():
-        raise TypeError(f"{where}x must be floating point, got {x.dtype}; use x.float() (scaled to [0, 1])")
-    if y.is_floating_point() and y.numel() and not bool(torch.equal(y, y.round())):
-        raise TypeError(
-            f"{where}y holds non-integer {y.dtype} values: regression targets? from_tensors builds the "
-            "classification scenario (its concepts permute class labels) and y.long() would truncate them. "
-            "For regression build the clients with FederatedDataModule.from_partition(x, y, parts) (float "
-            "targets make a regression task) and train with a strategy other than FedRC, e.g. "
-            "FedEMStrategy, and a model that predicts y (docs: algorithms, Regression)"
-        )
-    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-        raise TypeError(f"{where}y must hold integer class indices, got {y.dtype}; use y.long()")
-    if x.ndim < 2:
-        raise ValueError(
-            f"{where}x must have shape [N, ...features], got {tuple(x.shape)}; use x.unsqueeze(1)"
-        )
-    if y.ndim != 1 or y.shape[0] != x.shape[0] or y.shape[0] == 0:
-        raise ValueError(
-            f"{where}y must be 1-D with one label per row of x ({x.shape[0]} rows, non-empty), got "
-            f"shape {tuple(y.shape)}"
-        )
-    return x.detach().to("cpu", torch.float32), y.detach().to("cpu", torch.long)
-
-
-def _proportions_arg(value: Sequence[float] | None, concepts: int) -> list[float]:
-    """Concept proportions; the default gives concept 0 half the clients (the paper's mix)."""
-    if value is None:
-        return [1.0] if concepts == 1 else [0.5] + [0.5 / (concepts - 1)] * (concepts - 1)
-    if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != concepts:
-        raise ValueError(
-            f"concept_proportions must be a sequence of {concepts} numbers (one per concept), got {value!r}"
-        )
-    if any(isinstance(p, bool) or not isinstance(p, Real) or not p >= 0 for p in value):
-        raise ValueError(f"concept_proportions must be non-negative numbers, got {value!r}")
-    if not math.isclose(sum(value), 1.0, abs_tol=1e-6):
-        raise ValueError(f"concept_proportions must sum to 1, got {value!r} (sum {sum(value):g})")
-    return [float(p) for p in value]
-
-
-def _corrupt_fractions_arg(value: float | Sequence[float] | None, concepts: int) -> list[float]:
-    """Share of corrupted clients per concept; the default is the paper's 0.4 then 0.2 each."""
-    if value is None:
-        return [0.4] + [0.2] * (concepts - 1)
-    if isinstance(value, Real) and not isinstance(value, bool):
-        return [fraction_arg("corrupt_fraction", value)] * concepts
-    if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != concepts:
-        raise ValueError(
-            f"corrupt_fraction must be a number in [0, 1) or a sequence of {concepts} such "
-            f"numbers (one per concept), got {value!r}"
-        )
-    return [fraction_arg("corrupt_fraction", f) for f in value]
-
-
-def rows_as_images(x: Any, image_shape: Any) -> Any:
-    """Flat rows [N, C*H*W] as the images [N, C, H, W] that ``image_shape`` names: what
-    ``from_tensors`` serves, as ``fedcluster fit --data FILE`` does (``as_images``). Anything else
-    is returned unchanged, for ``build_scenario``'s checks to name."""
-    if (
-        not isinstance(x, Tensor)
-        or x.ndim != 2
-        or not isinstance(image_shape, (tuple, list))
-        or len(image_shape) != 3
-        or not all(is_int(d) and d > 0 for d in image_shape)
-        or math.prod(image_shape) != x.shape[1]
-    ):
-        return x
-    return x.reshape(-1, *(int(d) for d in image_shape))
-
-
-def _image_shape_arg(image_shape: Any, x: Tensor, *, needed: bool) -> tuple[int, ...]:
-    """Image shape (C, H, W) the corruptions see; required only when a client is corrupted."""
-    if image_shape is None:
-        check_channels_first(x, None)
-        if x.ndim == 4:
-            return tuple(x.shape[1:])
-        if needed:
-            raise ValueError(
-                f"corrupted clients need image-shaped inputs but x has shape {tuple(x.shape)}: "
-                "pass image_shape=(channels, height, width) or corrupt_fraction=0"
-            )
-        return ()
-    if (
-        not isinstance(image_shape, (tuple, list))
-        or len(image_shape) != 3
-        or not all(is_int(d) and d > 0 for d in image_shape)
-    ):
-        raise ValueError(
-            f"image_shape must be (channels, height, width) positive integers, got {image_shape!r}"
-        )
-    per_sample = math.prod(x.shape[1:])
-    if math.prod(image_shape) != per_sample:
-        raise ValueError(
-            f"image_shape={tuple(image_shape)} has {math.prod(image_shape)} values per sample "
-            f"but x has per-sample shape {tuple(x.shape[1:])} ({per_sample} values); "
-            "fix image_shape"
-        )
-    check_channels_first(x, tuple(int(d) for d in image_shape))
-    return tuple(int(d) for d in image_shape)

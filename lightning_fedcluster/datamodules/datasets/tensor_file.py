@@ -18,7 +18,8 @@ from torch import Tensor
 
 from lightning_fedcluster.arguments import is_int
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
-from lightning_fedcluster.datamodules.scenario import build_scenario, preset_evaluation_fractions
+from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.scenario_arguments import preset_evaluation_fractions
 from lightning_fedcluster.datamodules.validation import check_batch_size
 
 __all__ = ["TENSOR_FILE_SUFFIXES", "TensorFileFederated", "load_tensor_file"]

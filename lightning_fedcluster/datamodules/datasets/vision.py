@@ -19,7 +19,8 @@ from torch import Tensor
 
 from lightning_fedcluster.datamodules import partition
 from lightning_fedcluster.datamodules.federated import FederatedDataModule
-from lightning_fedcluster.datamodules.scenario import build_scenario, preset_evaluation_fractions
+from lightning_fedcluster.datamodules.scenario import build_scenario
+from lightning_fedcluster.datamodules.scenario_arguments import preset_evaluation_fractions
 from lightning_fedcluster.datamodules.shifts import CIFAR10_C, FASHION_MNIST_C
 from lightning_fedcluster.datamodules.validation import check_batch_size, int_arg
 
