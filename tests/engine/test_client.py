@@ -32,8 +32,12 @@ from lightning_fedcluster.engine.task import Task
 LN3 = math.log(3.0)  # a loss gap of ln 3 under a uniform ω: γ = softmax(0, -ln 3) = (3/4, 1/4)
 
 
-def _context(rule: Algorithm, state: ClientState, client: int, offsets: list[int], **options):
-    start, stop = offsets[client], offsets[client + 1]
+def _context(
+    rule: Algorithm, state: ClientState, client: int, offsets: list[int], slot: int | None = None, **options
+):
+    """Round 4's context of ``client``, owning rows offsets[slot]:offsets[slot + 1] (slot: the client)."""
+    slot = client if slot is None else slot
+    start, stop = offsets[slot], offsets[slot + 1]
     return client_context(
         rule, state, client, 4, num_samples=stop - start, num_classes=2, sample_rows=(start, stop), seed=9,
         **options,
@@ -166,17 +170,16 @@ def test_the_minibatch_order_of_one_row_and_of_none():
 # --- prepare -----------------------------------------------------------------------------------
 
 
+def _round_contexts(rule: Algorithm, state: ClientState, ids, offsets) -> list:
+    """Round 4's contexts of clients ``ids``, client c owning rows offsets[c]:offsets[c + 1]."""
+    return [_context(rule, state, client, offsets, slot=c) for c, client in enumerate(ids)]
+
+
 def _two_clients(rule: Algorithm, ids: tuple[int, int] = (5, 7)):
     """Client ids[0] owns rows 0:2, ids[1] row 2:3 (a single row); K = 2, uniform ω."""
     state = ClientState.initial(8, 2, 2)
     offsets = [0, 2, 3]
-    contexts = [
-        client_context(
-            rule, state, client, 4, num_samples=offsets[c + 1] - offsets[c], num_classes=2,
-            sample_rows=(offsets[c], offsets[c + 1]), seed=9,
-        )
-        for c, client in enumerate(ids)
-    ]  # fmt: skip
+    contexts = _round_contexts(rule, state, ids, offsets)
     losses = torch.tensor([[0.0, LN3], [LN3, 0.0], [0.0, LN3]], dtype=torch.float64)
     return losses, torch.tensor([0, 1, 1]), torch.tensor(offsets), contexts
 
@@ -257,13 +260,7 @@ def test_prepare_hands_each_client_its_rows_of_the_outputs_only_to_a_rule_that_r
 def test_a_non_finite_e_step_loss_is_blamed_on_the_client_that_owns_the_row(row, offsets, ids, blamed):
     rule = Algorithm(2)
     state = ClientState.initial(8, 2, 2)
-    contexts = [
-        client_context(
-            rule, state, client, 4, num_samples=offsets[c + 1] - offsets[c], num_classes=2,
-            sample_rows=(offsets[c], offsets[c + 1]), seed=9,
-        )
-        for c, client in enumerate(ids)
-    ]  # fmt: skip
+    contexts = _round_contexts(rule, state, ids, offsets)
     losses = torch.zeros(3, 2, dtype=torch.float64)
     losses[row, 1] = math.nan if row % 2 else math.inf
     with pytest.raises(FloatingPointError, match=rf"in round 4 at client {blamed} in its E-step pass"):
