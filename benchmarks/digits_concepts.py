@@ -15,8 +15,8 @@ points to, ``clusters alive`` those that explain at least 5 % of the seen client
 none died); the per-seed line adds the models still held (``active``: not retired by a merge).
 
 Issue 25's spurious-cluster checks: ``--concepts 1`` (DigitsFederated's concept count) with
-``--group-round``/``--merge-threshold``/``--merge-after``, and ``--num-clusters 6`` on three
-concepts; ``--show-merges`` prints each merge's note.
+``--group-round``/``--merge-threshold``/``--merge-after``/``--retire-after``, and
+``--num-clusters 6`` on three concepts; ``--show-merges`` prints each merge's and retirement's note.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ ALIVE_SHARE = 0.05  # a cluster is alive when it explains at least 5 % of the se
 
 
 class _ServerNotes(logging.Filter):
-    """Collects the merge notes the server says on rank zero's info channel during a fit, and
+    """Collects the merge and retirement notes the server says on rank zero's info channel during a fit, and
     keeps that channel's info lines off the console as before (warnings and errors pass)."""
 
     def __init__(self) -> None:
@@ -56,7 +56,7 @@ class _ServerNotes(logging.Filter):
         self._logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if "merged cluster" in record.getMessage():
+        if "merged cluster" in record.getMessage() or "retired cluster" in record.getMessage():
             self.lines.append(record.getMessage())
         return record.levelno > logging.INFO
 
@@ -84,6 +84,8 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
         options["label_stats_floor"] = args.label_stats_floor
     if args.merge_threshold is not None and num_clusters > 1:
         options.update(merge_threshold=args.merge_threshold, merge_after=args.merge_after)
+    if args.retire_after is not None and num_clusters > 1:
+        options["retire_after"] = args.retire_after
     strategy = FedRCStrategy(
         num_clusters,
         clients_per_round=10,
@@ -110,7 +112,7 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
     state = trainer.lightning_module.client_state
     used = state.omega[state.seen].argmax(1).unique().numel()
     alive = int((cluster_shares(state.omega, dm.train_sizes, state.seen) >= ALIVE_SHARE).sum())
-    active = int(state.active.sum())  # clusters not retired by a merge
+    active = int(state.active.sum())  # clusters not retired by a merge or a retirement
     counts = {"used": float(used), "alive": float(alive), "active": float(active), "seconds": seconds}
     return {**{m: result[m] for m in METRICS[:3]}, **counts}
 
@@ -131,6 +133,9 @@ def main() -> None:
     parser.add_argument("--label-stats-floor", type=float, default=None, help="FedRC's floor of C")
     parser.add_argument("--merge-threshold", type=float, default=None, help="FedRC's cluster merging (nats)")
     parser.add_argument("--merge-after", type=int, default=0, help="first round index a merge may follow")
+    parser.add_argument(
+        "--retire-after", type=int, default=None, help="FedRC's retirement of unowned clusters from this round"
+    )
     parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
     parser.add_argument(
         "--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)"
@@ -157,7 +162,7 @@ def main() -> None:
     print(
         f"SGD lr {args.lr} momentum {args.momentum}, optimizer_state={args.optimizer_state}, "
         f"reseed_threshold={args.reseed_threshold}, group_round={args.group_round} "
-        f"merge_threshold={args.merge_threshold} (after {args.merge_after}) "
+        f"merge_threshold={args.merge_threshold} (after {args.merge_after}) retire_after={args.retire_after} "
         f"(share {args.group_share}), "
         f"server_optimizer={args.server_optimizer} (server_lr {args.server_lr}), {args.rounds} rounds, "
         f"{args.concepts} concepts"

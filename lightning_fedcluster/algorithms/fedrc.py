@@ -48,6 +48,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         super().__init__(num_clusters, config, **options)
         self.grouping = self.config.grouping
         self.merging = self.config.merging
+        self.retirement = self.config.retirement
 
     @property
     def uses_label_stats(self) -> bool:  # type: ignore[override]
@@ -91,8 +92,8 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.config.removal_threshold)
 
     def after_round(self, server: ServerView) -> list[ServerAction]:
-        """Concept grouping when it is due; a merge of near-identical clusters; adaptive K (App.
-        F): remove the clusters whose share of γ fell below the threshold; or, with
+        """Concept grouping when it is due; a merge of near-identical clusters; the retirement of
+        clusters no client owns; adaptive K (App. F): remove the clusters whose share of γ fell below the threshold; or, with
         ``reseed_threshold``, re-seed a dead cluster from the largest one."""
         state, outcome = server.client_state, server.outcome
         if self.grouping is not None:
@@ -103,6 +104,10 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             merged = self.merging.actions(state, outcome.train_sizes, outcome.round_index)
             if merged:
                 return merged
+        if self.retirement is not None:
+            retired = self.retirement.actions(state, outcome.round_index)
+            if retired:
+                return retired
         if self.config.reseed_threshold is not None:
             return self._reseed(state, outcome)
         remove = self.clusters_to_remove(state, outcome.train_sizes)

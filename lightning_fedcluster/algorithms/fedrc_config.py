@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from lightning_fedcluster.algorithms.grouping import ConceptGrouping
 from lightning_fedcluster.algorithms.merging import ClusterMerging
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
+from lightning_fedcluster.algorithms.retirement import ClusterRetirement
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ class FedRCConfig:
             ``num_clusters`` is then an upper bound on K.
         merge_after: the first round index after which a merge may happen (needs
             ``merge_threshold``).
+        retire_after: retirement (:mod:`.retirement`): from this round index on, after every
+            round, retire the clusters that no seen client's largest ω points to, so that the
+            models held are the clusters in use (None: never). With grouping, at least
+            ``group_round``; not with ``reseed_threshold``, which revives such clusters.
     """
 
     use_label_stats: bool = True
@@ -84,6 +89,7 @@ class FedRCConfig:
     group_late_round: int | None = None
     merge_threshold: float | None = None
     merge_after: int = 0
+    retire_after: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.label_noise_std, (int, float)):  # one σ per client: kept as a tuple
@@ -116,7 +122,18 @@ class FedRCConfig:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
-        self.grouping, self.merging  # noqa: B018 - their own checks of group_*/merge_* values
+        self.grouping, self.merging, self.retirement  # noqa: B018 - their own checks of the values
+        if self.retire_after is not None and self.reseed_threshold is not None:
+            raise ValueError(
+                "retire_after cannot be combined with reseed_threshold (one retires the clusters the "
+                "other revives): use one or the other"
+            )
+        grouped_by = self.group_round
+        if self.retire_after is not None and grouped_by is not None and self.retire_after < grouped_by:
+            raise ValueError(
+                f"retire_after={self.retire_after!r} must be >= group_round={grouped_by!r}: before the "
+                "grouping ω is nearly uniform and clusters are owned by chance"
+            )
 
     @property
     def grouping(self) -> ConceptGrouping | None:
@@ -131,6 +148,11 @@ class FedRCConfig:
             self.group_hold,
             self.group_late_round,
         )
+
+    @property
+    def retirement(self) -> ClusterRetirement | None:
+        """Retirement of unowned clusters as configured (None: off)."""
+        return None if self.retire_after is None else ClusterRetirement(self.retire_after)
 
     @property
     def merging(self) -> ClusterMerging | None:

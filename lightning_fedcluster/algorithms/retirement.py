@@ -1,0 +1,75 @@
+"""Retiring clusters that no client owns (an option of FedRC/FedEM, ``retire_after``).
+
+FedRC's EM empties a cluster it does not need: its clients' ω drains to the others, yet the model
+is still held, trained on the small γ its clients give it, checkpointed and counted in K. Merging
+(:mod:`.merging`) never compares such a cluster, since a pair is only compared when both clusters
+own a client. From round ``after`` on, after every round the server retires every alive cluster
+that no seen client owns, a client owning the cluster of its largest ω; a client whose largest ω
+is tied (e.g. uniform ω) owns none (``RemoveClusters``: ω renormalised over the rest). If no seen
+client owns a cluster, nothing is retired, so the last cluster always stays.
+
+Whose is what: the rule "remove the clusters that are nobody's argmax" is the FedRC authors'
+(``FedIASAggregator`` in LINs-lab/FedRC, in the spirit of HCFL+); the ``after`` round and the tie
+rule are ours. FedRC's App. F removal (``removal_threshold``) is a different test: a share of γ
+below δ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_fedcluster.algorithms.actions import Note, RemoveClusters, ServerAction
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.server_view import ClientStoreView
+
+
+@dataclass(frozen=True)
+class ClusterRetirement:
+    """``after``: the first round (0-based) after which unowned clusters are retired."""
+
+    after: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
+            raise ValueError(f"retire_after must be a round index >= 0, got {self.after!r}")
+
+    def actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
+        """After round ``round_index``: retire the unowned clusters when due, else none."""
+        if round_index < self.after:
+            return []
+        retire = unowned_clusters(state.omega, state.seen, state.active)
+        if not bool(retire.any()):
+            return []
+        kept = int((state.active & ~retire).sum())
+        return [
+            RemoveClusters(retire),
+            Note(
+                f"round {round_index}: retired cluster(s) {retire.nonzero().flatten().tolist()} "
+                f"(no client's largest ω); {kept} remain"
+            ),
+        ]
+
+
+def cluster_owners(omega: Tensor, seen: Tensor, active: Tensor) -> Tensor:
+    """[M] long: the alive cluster of each seen client's largest ω, or -1 for a client not seen or
+    whose largest ω over the alive clusters is tied."""
+    masked = torch.where(active, omega, torch.full_like(omega, -1.0))
+    top = masked.topk(min(2, masked.shape[1]), dim=1).values
+    strict = top[:, 0] > top[:, 1] if top.shape[1] > 1 else torch.ones_like(seen)
+    owner = masked.argmax(1)
+    return torch.where(seen & strict, owner, torch.full_like(owner, -1))
+
+
+def unowned_clusters(omega: Tensor, seen: Tensor, active: Tensor) -> Tensor:
+    """[K] bool: the alive clusters that no seen client owns (:func:`cluster_owners`); all False
+    when no seen client owns any cluster."""
+    owners = cluster_owners(omega, seen, active)
+    owners = owners[owners >= 0]
+    if owners.numel() == 0:
+        return torch.zeros_like(active)
+    owned = torch.zeros_like(active)
+    owned[owners] = True
+    return active & ~owned
