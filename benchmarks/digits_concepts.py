@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--merge-threshold", type=float, default=None, help="FedRC's cluster merging (nats)")
     parser.add_argument("--merge-after", type=int, default=0, help="first round index a merge may follow")
     parser.add_argument(
-        "--retire-after", type=int, default=None, help="FedRC's retirement of unowned clusters from this round"
+        "--retire-after", type=int, default=None, help="FedRC's retire_after (round index)"
     )
     parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
     parser.add_argument(

@@ -93,8 +93,9 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
 
     def after_round(self, server: ServerView) -> list[ServerAction]:
         """Concept grouping when it is due; a merge of near-identical clusters; the retirement of
-        clusters no client owns; adaptive K (App. F): remove the clusters whose share of γ fell below the threshold; or, with
-        ``reseed_threshold``, re-seed a dead cluster from the largest one."""
+        clusters no client owns; adaptive K (App. F): remove the clusters whose share of γ fell
+        below the threshold; or, with ``reseed_threshold``, re-seed a dead cluster from the
+        largest one. One decision a round, in that order."""
         state, outcome = server.client_state, server.outcome
         if self.grouping is not None:
             grouped = self.grouping.actions(state, outcome.round_index)
