@@ -320,10 +320,11 @@ def summarize(args: argparse.Namespace) -> None:
     print(
         f"{len(records)} jobs, {len(errors)} failed; take-off: first round with concept ARI >= {TAKE_OFF_ARI}"
     )
-    print("\nThe four take-off cells (60 rounds, authors' recipe):")
+    last = f"acc r{args.rounds}"
+    print(f"\nThe four take-off cells ({args.rounds} rounds, authors' recipe):")
     print(f"{'config':<16}{'cell':<6}{'runs':>5}{'take-offs':>10}{'median r':>9}{'acc r25':>8}"
-          f"{'acc r60':>8}{'acc bestval':>12}{'final K':>8}{'dead':>5}")  # fmt: skip
-    for config in ("fedrc", "group", "group+merge"):
+          f"{last:>8}{'acc bestval':>12}{'final K':>8}{'dead':>5}")  # fmt: skip
+    for config in CONFIGS:
         total, took = 0, []
         for cell in CELLS:
             runs = by.get((config, cell), [])
@@ -334,17 +335,17 @@ def summarize(args: argparse.Namespace) -> None:
             took += offs
             print(
                 f"{config:<16}{cell:<6}{len(runs):>5}{len(offs):>10}{_median(offs):>9}"
-                f"{_mean([r['acc25'] for r in runs]):>8}{_mean([r['acc60'] for r in runs]):>8}"
+                f"{_mean([r['acc25'] for r in runs]):>8}{_mean([r['acc_last'] for r in runs]):>8}"
                 f"{_mean([r['acc_best_val'] for r in runs]):>12}"
                 f"{statistics.mean(r['final_k'] for r in runs):>8.1f}{sum(r['dead'] > 0 for r in runs):>5}"
             )
         if total:
             median = _median(took + [args.rounds + 1] * (total - len(took)))
-            r60 = {cell: _mean([r["acc60"] for r in by.get((config, cell), [])]) for cell in MNIST_CELLS}
+            final = {cell: _mean([r["acc_last"] for r in by.get((config, cell), [])]) for cell in MNIST_CELLS}
             print(
                 f"{config:<16}{'all':<6}{total:>5}{len(took):>10}  done means: take-offs {len(took)}/{total} "
                 f"(>= 18 of 20), median take-off {median} (<= 25; not taken off = {args.rounds + 1}), "
-                f"mean r60 accuracy m1 {r60['m1']}, m10 {r60['m10']} (>= 88)"
+                f"mean r{args.rounds} accuracy m1 {final['m1']}, m10 {final['m10']} (>= 88 at r60)"
             )
     print("\nOne concept (m10-one): final K, accuracy (concept 0) at the last and best-validation round")
     fedavg = {r["seed"]: r for r in by.get(("fedavg", ONE_CONCEPT), [])}
