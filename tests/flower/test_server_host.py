@@ -49,7 +49,7 @@ def test_flower_simulation_equals_the_lightning_engine_fedrc(simulated_fedrc):
     "name",
     [
         "fedem", "ifca", "fedavg", "fedrc_shared", "fedsoft", "fedrc_server_adam", "cfl", "fesem", "wecfl",
-        "fedrc_grouping",
+        "fedrc_grouping", "fedrc_retire",
     ],
 )  # fmt: skip
 def test_flower_apps_equal_the_lightning_engine(name, task_identity):
@@ -67,6 +67,8 @@ def test_flower_apps_equal_the_lightning_engine(name, task_identity):
     if name == "fedrc_grouping":  # signatures came from the nodes; one merge after round 2
         assert bool((flower.client_state.extra["signature_rows"].sum(1) > 0).all())
         assert int(flower.client_state.active.sum()) == 3
+    if name == "fedrc_retire":  # the run must exercise a retirement
+        assert 1 <= int(flower.client_state.active.sum()) < 4
     if name in ("fesem", "wecfl"):  # the centres came from the nodes' first-round models
         assert float(flower.client_state.extra["centres_ready"]) == 1.0
 

@@ -36,6 +36,9 @@ STRATEGIES = {
     "fedrc_grouping": lambda: lf.FedRCStrategy(
         4, local_steps=2, group_round=1, merge_threshold=100.0, merge_after=2, executor="loop"
     ),
+    # K = 4 on two concepts: after round 1 the server retires the clusters no client owns (ω
+    # renormalised on the nodes from the alive clusters each message carries).
+    "fedrc_retire": lambda: lf.FedRCStrategy(4, local_steps=2, retire_after=1, executor="loop"),
     # One shared feature layer, K heads: the nodes also send the shared layers' update.
     "fedrc_shared": lambda: lf.FedRCStrategy(2, shared_layers=("net.0",), local_steps=2, executor="loop"),
 }  # fmt: skip

@@ -27,7 +27,8 @@ DISTRIBUTED_VARIABLES = {
 
 STRATEGIES = [
     "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_bf16",
-    "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedrc_grouping", "fedem", "dfedem", "ifca",
+    "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedrc_grouping", "fedrc_retire", "fedem", "dfedem",
+    "ifca",
     "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
 ]  # fmt: skip
 EXECUTORS = ["loop", "vectorized"]
@@ -117,6 +118,13 @@ def test_every_strategy_gives_the_same_result_on_two_processes(runs, strategy):
         assert torch.equal(value, second["server_optimizer"][key]), key
     rank0, rank1 = _clients(two / "clients_rank0.json"), _clients(two / "clients_rank1.json")
     assert rank0 and rank1 and not rank0 & rank1
+
+
+def test_retirement_retired_the_same_clusters_on_both_process_counts(runs):
+    """``fedrc_retire`` (K = 6 on three concepts, retirement from round index 1) retired clusters;
+    the decision is taken from the all-reduced client store, identical on every process."""
+    one, two = (torch.load(path / "fedrc_retire" / "result.pt")["client_state"]["active"] for path in runs)
+    assert 1 <= int(one.sum()) < 6 and torch.equal(one, two)
 
 
 def test_the_docs_merge_rule_merged_on_both_process_counts(runs):
