@@ -9,6 +9,8 @@ round) on a data set written by ``authors_comparison.py write``. Configurations:
     fedrc      plain FedRC, K = 3 (today's baseline)
     group      concept grouping after round 15 with the C floor 0.01 (the screening's best)
     group+merge  the same and cluster merging (0.5 nats per sample, from round 25 on)
+    robust+merge the robust grouping below, merging as above and ``retire_after=25`` (K from the
+               data: on the one-concept scenario and with K started at 6)
     robust     the grouping with group_assign="mean", group_margin=0.7, group_hold=5 and
                group_late_round=20 (first in priority: the next grid to run)
     fedavg     FedAvgStrategy (one model)
@@ -60,12 +62,17 @@ MERGE = {"merge_threshold": 0.5, "merge_after": 25}
 # The robust grouping screened on the CPU on 2026-11-26 (results/takeoff.md): the mean assignment,
 # the margin, the hold and the late pass for the clients the margin leaves out.
 ROBUST = {**GROUP, "group_assign": "mean", "group_margin": 0.7, "group_hold": 5, "group_late_round": 20}
+# K from the data on the take-off cells: the robust grouping, merges of 0.5 nats and the retirement
+# of clusters no client owns, both from round 25 (session 33; not measured on these cells before).
+ROBUST_MERGE = {**ROBUST, **MERGE, "retire_after": 25}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
     "group+merge": ("fedrc", 3, {**GROUP, **MERGE}),
     "group+merge-k6": ("fedrc", 6, {**GROUP, **MERGE}),
     "robust": ("fedrc", 3, ROBUST),
+    "robust+merge": ("fedrc", 3, ROBUST_MERGE),
+    "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
     "fedavg": ("fedavg", 1, {}),
 }
 
@@ -84,9 +91,11 @@ class Job:
 def job_list(seeds: list[int]) -> list[Job]:
     """Every job, in priority order."""
     jobs = [Job("robust", cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job(config, ONE_CONCEPT, s) for config in ("robust+merge", "fedavg") for s in seeds]
+    jobs += [Job("robust+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("group", cell, s) for cell in CELLS for s in seeds]
     jobs += [Job("fedrc", cell, s) for cell in CELLS for s in seeds]
-    jobs += [Job(config, ONE_CONCEPT, s) for config in ("group+merge", "fedavg") for s in seeds]
+    jobs += [Job("group+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("group+merge-k6", "m10", s) for s in seeds]
     return jobs
 
@@ -349,7 +358,8 @@ def summarize(args: argparse.Namespace) -> None:
             )
     print("\nOne concept (m10-one): final K, accuracy (concept 0) at the last and best-validation round")
     fedavg = {r["seed"]: r for r in by.get(("fedavg", ONE_CONCEPT), [])}
-    for r in sorted(by.get(("group+merge", ONE_CONCEPT), []), key=lambda r: r["seed"]):
+    mechanisms = [(c, cell) for c, cell in by if cell == ONE_CONCEPT and c != "fedavg"]
+    for r in sorted((r for key in mechanisms for r in by[key]), key=lambda r: (r["config"], r["seed"])):
         base = fedavg.get(r["seed"])
         versus = (
             ""
@@ -358,13 +368,14 @@ def summarize(args: argparse.Namespace) -> None:
         )
         gap = "" if base is None else f"  within 1 point: {abs(r['acc_last'] - base['acc_last']) <= 0.01}"
         print(
-            f"  seed {r['seed']}: final K {r['final_k']} (used {r['used']}), FedRC+mechanism "
+            f"  {r['config']} seed {r['seed']}: final K {r['final_k']} (used {r['used']}), FedRC+mechanism "
             f"{100 * r['acc_last']:.1f} / {100 * r['acc_best_val']:.1f}{versus}{gap}"
         )
     print("\nThree concepts, K started at 6 (m10): final K, concept ARI, accuracy at the last round")
-    for r in sorted(by.get(("group+merge-k6", "m10"), []), key=lambda r: r["seed"]):
+    six = [key for key in by if key[0].endswith("-k6")]
+    for r in sorted((r for key in six for r in by[key]), key=lambda r: (r["config"], r["seed"])):
         print(
-            f"  seed {r['seed']}: final K {r['final_k']} (used {r['used']}, dead {r['dead']}), "
+            f"  {r['config']} seed {r['seed']}: final K {r['final_k']} (used {r['used']}, dead {r['dead']}), "
             f"ARI {r['ari'][-1]:.2f}, acc {100 * r['acc_last']:.1f}"
         )
     seconds = [r["seconds"] for r in records]
