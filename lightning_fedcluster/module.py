@@ -122,6 +122,7 @@ class ClusteredModule(pl.LightningModule):
         self.copies = ClusterCopies(self.models, shared)
         self.task = Task.CLASSIFICATION
         self.round_metrics: dict[str, float] = {}
+        self.round_events: list[str] = []  # the last round's server-action notes (ClusterMonitor logs them)
         self.eval_metrics: dict[str, float] = {}
         self.clock = PhaseClock()
         # The federated strategy running this module, handed in when the trainer connects it.
@@ -223,6 +224,7 @@ class ClusteredModule(pl.LightningModule):
     def training_step(self, batch: RoundBatch, batch_idx: int) -> None:
         """One round, before any callback's ``on_train_batch_end``: checkpoints see its weights."""
         self.round_metrics = log_round_metrics(self.log, self.federation.run_round(self, batch.round_index))
+        self.round_events = self.federation.round_events
 
     def on_validation_epoch_start(self) -> None:
         self.evaluation.start(self, "val")

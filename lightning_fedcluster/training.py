@@ -226,6 +226,11 @@ class FederatedTraining:
             self.round_executor = LoopExecutor(runtime, clients, processes, host.timed)
         self.driver.prepare_round(trainer.current_epoch, self.round_executor)
 
+    @property
+    def round_events(self) -> list[str]:
+        """The notes of the last round's server actions (a merge, a removal, a grouping), in order."""
+        return [] if self.driver is None else list(self.driver.notes)
+
     def run_round(self, host: TrainingHost, round_index: int) -> dict[str, float]:
         """One round (``RoundDriver.run_round``), then one step of Lightning's optimizer, whose
         gradients are cleared first (no update): ``global_step`` counts rounds. Returns the

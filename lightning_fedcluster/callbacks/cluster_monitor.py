@@ -1,7 +1,9 @@
 """ClusterMonitor: writes each round's metrics with the round as the step and, for loggers that take
 images (TensorBoard), figures of how the clusters relate to the true concepts.
 
-The ClusteredModule adds it automatically (configure_callbacks). Scalars go to every logger. The
+The ClusteredModule adds it automatically (configure_callbacks). Scalars go to every logger; a
+round's server actions (merges, removals, groupings) go as text to loggers that take text
+(``clusters/events``), beside ``clusters/active``, the clusters alive. The
 figures (drawn by `lightning_fedcluster.figures`) are: the clients × clusters ω matrix, the
 concept × cluster shares, C_{y,k} (FedRC), and the validation accuracy per concept over rounds.
 They are drawn at validation rounds (``check_val_every_n_epoch``; rendering a figure costs far
@@ -23,7 +25,8 @@ from matplotlib.figure import Figure
 
 from lightning_fedcluster import figures
 from lightning_fedcluster.algorithms.protocols import label_statistics
-from lightning_fedcluster.callbacks.image_logging import log_figure
+from lightning_fedcluster.callbacks.image_logging import experiments_with, log_figure
+from lightning_fedcluster.engine.federation import EVENTS_TAG
 from lightning_fedcluster.metrics.clustering import concept_shares
 
 CONCEPT_METRIC = re.compile(r"^val/global_(acc|mse)_concept(\d+)$")
@@ -62,6 +65,7 @@ class ClusterMonitor(pl.Callback):
             for k in range(shares.shape[1]):
                 metrics[f"clusters/concept{c}_share_in_cluster{k}"] = float(shares[c, k])
         self._log_scalars(trainer, metrics, step)
+        log_events(trainer, getattr(pl_module, "round_events", []), step)
         if self.images_every is not None and step % self.images_every == 0:
             self._draw_clusters(trainer, pl_module, step)
 
@@ -163,3 +167,12 @@ class ClusterMonitor(pl.Callback):
             return
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
+
+
+def log_events(trainer: pl.Trainer, events: list[str], step: int) -> None:
+    """A round's server-action notes as one text entry at the round's step (``EVENTS_TAG``), for
+    loggers that take text (TensorBoard); nothing for a round without events."""
+    if not events:
+        return
+    for experiment in experiments_with(trainer, "add_text"):
+        experiment.add_text(EVENTS_TAG, "\n\n".join(events), global_step=step)

@@ -102,6 +102,10 @@ class Executor(Protocol):
     def estimate(self, round_index: int, state: ClientState) -> Tensor: ...
 
 
+EVENTS_TAG = "clusters/events"
+"""The logger text tag of a round's server-action notes (``RoundDriver.notes``)."""
+
+
 class _ActionTarget:
     """A rule's server actions act on the round's global models and the server's store; a
     replaced model restarts its server-optimizer state."""
@@ -149,7 +153,8 @@ class RoundDriver:
         personal_vectors: whether the clients' personal models come back to the server (the
             Lightning engine keeps them in its store; Flower nodes keep their own).
         num_rounds: rounds in the run (None: unbounded); no estimation pass after the last.
-        say: where actions' notes go (rank zero's console, a logger).
+        say: where actions' notes go (rank zero's console, a logger); the notes of the last
+            round's server step are also kept in ``notes`` (a host logs them, e.g. to TensorBoard).
         warn: where rejected replies and rounds not applied are reported (every process its own).
         check_action: called with every action before it applies (a deployment refuses what its
             nodes cannot mirror).
@@ -178,6 +183,7 @@ class RoundDriver:
         self.optimizer_size, self.personal_vectors = optimizer_size, personal_vectors
         self.optimizer_in_store = optimizer_in_store
         self.num_rounds, self.say, self.warn, self.check_action = num_rounds, say, warn, check_action
+        self.notes: list[str] = []
         self.timed = timed
         self.first_loss: float | None = None  # the divergence checks' state (engine/setup_checks.py)
         self.chance_rounds = 0
@@ -255,6 +261,7 @@ class RoundDriver:
         clients than ``min_clients_per_round`` is not applied (the models stay) and a round with
         none raises ``NoClientsError``: a run must never count a round no client trained."""
         state, rule = self.state.client_state, self.rule
+        self.notes = []
         for rejection in round_state.rejections:
             self.warn(rejection)
         if executor.reduce is not None:
@@ -298,9 +305,13 @@ class RoundDriver:
             self.prepare_round(following, executor)
         return metrics
 
+    def _note(self, text: str) -> None:
+        self.notes.append(text)
+        self.say(text)
+
     def apply(self, actions: list[ServerAction], global_clusters: list[list[Tensor]]) -> None:
         """The rule's server actions, in order, on ``global_clusters`` and the client store."""
-        target = _ActionTarget(self.state, global_clusters, self.say)
+        target = _ActionTarget(self.state, global_clusters, self._note)
         for action in actions:
             if self.check_action is not None:
                 self.check_action(action)

@@ -22,6 +22,7 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import ServerAction
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.engine.federation import (
+    EVENTS_TAG,
     ClientDirectory,
     RoundDriver,
     ServerState,
@@ -194,9 +195,12 @@ class FlowerServer:
         self.metrics.append(metrics)
         self.round_seconds.append(time.perf_counter() - self._mark)
         self.module.round_metrics, self.module.rounds_trained = metrics, round_index + 1
+        self.module.round_events = list(driver.notes)
         if writer is not None:
             for name, value in metrics.items():
                 writer.add_scalar(name, value, round_index + 1)
+            if driver.notes:
+                writer.add_text(EVENTS_TAG, "\n\n".join(driver.notes), round_index + 1)
             writer.flush()
         log.info(progress_line(round_index, self.num_rounds, metrics, self.round_seconds[-1]))
         if self.checkpoint_path and ((round_index + 1) % self.checkpoint_every == 0 or last):

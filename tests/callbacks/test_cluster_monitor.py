@@ -21,6 +21,7 @@ from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 from tests.helpers.small_run import small_datamodule, small_strategy
+from tests.helpers.tensorboard_text import event_texts
 
 DRAWERS = ("omega_figure", "shares_figure", "label_stats_figure", "accuracy_figure", "data_summary_figure")
 
@@ -249,3 +250,34 @@ def test_every_scalar_and_figure_of_a_run_has_the_round_as_its_step(small_digits
     images = {tag: [e.step for e in events.Images(tag)] for tag in events.Tags()["images"]}
     assert images["clusters/omega_clients_by_concept"] == [3, 4]
     assert images["clusters/concept_shares"] == [3, 4] and images["val/per_concept"] == [3]
+
+
+def test_tensorboard_gets_each_round_s_server_actions_as_text_at_its_step(small_digits, tmp_path):
+    """A merge after round index 1 and one after index 2 (a threshold that always merges) are
+    written at steps 2 and 3, the rounds they follow; the grouping after round 1 at step 1;
+    ``clusters/active`` counts down with them."""
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
+    strategy = FedRCStrategy(
+        4, clients_per_round=6, local_steps=2, group_round=1, merge_threshold=100.0, merge_after=1
+    )
+    trainer = make_trainer(strategy, max_epochs=3, logger=logger, limit_val_batches=0)
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=small_digits)
+    logger.experiment.flush()
+    texts = event_texts(logger.log_dir)
+    assert sorted(texts) == [1, 2, 3]
+    assert texts[1].startswith("round 0: grouped")
+    assert texts[2].startswith("round 1: merged cluster") and texts[3].startswith("round 2: merged cluster")
+    assert trainer.lightning_module.round_events == [texts[3]]
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.value for e in events.Scalars("clusters/active")] == [4.0, 3.0, 2.0]
+
+
+def test_rounds_without_server_actions_write_no_event_text(small_digits, tmp_path):
+    logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
+    trainer = make_trainer(
+        FedRCStrategy(3, clients_per_round=6, local_steps=2), max_epochs=2, logger=logger, limit_val_batches=0
+    )
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=small_digits)
+    logger.experiment.flush()
+    assert event_texts(logger.log_dir) == {} and trainer.lightning_module.round_events == []

@@ -15,6 +15,7 @@ import lightning_fedcluster as lf
 from lightning_fedcluster.flower import FlowerApps, records
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
+from tests.helpers.tensorboard_text import event_texts
 
 NODE_B = 101  # partition 1 of 2: clients 3, 4, 5
 
@@ -143,6 +144,19 @@ def test_server_logs_the_lightning_round_metrics_to_tensorboard(task_identity, t
         assert [e.step for e in events.Scalars(tag)] == [1, 2, 3], tag
     losses = [e.value for e in events.Scalars("train/loss")]
     assert losses[-1] < losses[0]
+
+
+def test_server_logs_each_round_s_server_actions_as_tensorboard_text(task_identity, tmp_path):
+    """The retirement after round index 1 (workload ``fedrc_retire``) is written at step 2, as the
+    Lightning engine's ClusterMonitor writes it, and no other round has an entry."""
+    apps = FlowerApps(
+        workload.STRATEGIES["fedrc_retire"], workload.make_module, workload.make_datamodule,
+        num_rounds=workload.ROUNDS, log_dir=str(tmp_path),
+    )  # fmt: skip
+    flower, _ = run_local(apps, partitions(2))
+    texts = event_texts(str(tmp_path))
+    assert list(texts) == [2] and texts[2].startswith("round 1: retired cluster(s)")
+    assert flower.round_events == []  # the last round retired nothing
 
 
 def test_importing_without_flower_names_the_extra(monkeypatch):
