@@ -9,9 +9,10 @@ is tied (e.g. uniform ω) owns none (``RemoveClusters``: ω renormalised over th
 client owns a cluster, nothing is retired, so the last cluster always stays.
 
 Whose is what: the rule "remove the clusters that are nobody's argmax" is the FedRC authors'
-(``FedIASAggregator`` in LINs-lab/FedRC, in the spirit of HCFL+); the ``after`` round and the tie
-rule are ours. FedRC's App. F removal (``removal_threshold``) is a different test: a share of γ
-below δ.
+(``FedIASAggregator`` in LINs-lab/FedRC, in the spirit of HCFL+: after every round from the first,
+over the clients seen so far, a tie going to the lowest index); the ``after`` round and the tie
+rule (a tied client owns none, so uniform ω keeps no cluster alive by its index) are ours. FedRC's
+App. F removal (``removal_threshold``) is a different test: a share of γ below δ.
 """
 
 from __future__ import annotations
