@@ -71,6 +71,20 @@ class _ServerNotes(logging.Filter):
         self._logger.setLevel(self._level)
 
 
+def grouping_options(args: argparse.Namespace) -> dict[str, object]:
+    """The robust grouping's options (``--group-assign/-margin/-hold/-late-round``) as given."""
+    options: dict[str, object] = {}
+    if args.group_assign != "medoid":
+        options["group_assign"] = args.group_assign
+    if args.group_margin is not None:
+        options["group_margin"] = args.group_margin
+    if args.group_hold:
+        options["group_hold"] = args.group_hold
+    if args.group_late_round is not None:
+        options["group_late_round"] = args.group_late_round
+    return options
+
+
 def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, float]:
     dm = DigitsFederated(num_clients=30, concepts=args.concepts, seed=seed)
     options = {}
@@ -80,6 +94,7 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
         options.update(server_optimizer=args.server_optimizer, server_lr=args.server_lr)
     if args.group_round is not None and num_clusters > 1:
         options.update(group_round=args.group_round, group_share=args.group_share)
+        options.update(grouping_options(args))
     if args.label_stats_floor is not None:
         options["label_stats_floor"] = args.label_stats_floor
     if args.merge_threshold is not None and num_clusters > 1:
@@ -138,6 +153,12 @@ def main() -> None:
     )
     parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
     parser.add_argument(
+        "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
+    )
+    parser.add_argument("--group-margin", type=float, default=None, help="FedRC's group_margin")
+    parser.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
+    parser.add_argument("--group-late-round", type=int, default=None, help="FedRC's group_late_round")
+    parser.add_argument(
         "--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)"
     )
     parser.add_argument("--num-clusters", type=int, default=3, help="K of FedRC")
@@ -162,8 +183,9 @@ def main() -> None:
     print(
         f"SGD lr {args.lr} momentum {args.momentum}, optimizer_state={args.optimizer_state}, "
         f"reseed_threshold={args.reseed_threshold}, group_round={args.group_round} "
-        f"merge_threshold={args.merge_threshold} (after {args.merge_after}) retire_after={args.retire_after} "
-        f"(share {args.group_share}), "
+        f"(share {args.group_share}, {grouping_options(args) or 'plain grouping'}) "
+        f"merge_threshold={args.merge_threshold} (after {args.merge_after}) "
+        f"retire_after={args.retire_after}, "
         f"server_optimizer={args.server_optimizer} (server_lr {args.server_lr}), {args.rounds} rounds, "
         f"{args.concepts} concepts"
     )

@@ -14,6 +14,7 @@ round) on a data set written by ``authors_comparison.py write``. Configurations:
     robust     the grouping with group_assign="mean", group_margin=0.7, group_hold=5 and
                group_late_round=20
     robust10   the same with group_hold=10 (first in priority: the next grid to run)
+    robust10+merge  robust10 with merges and retirement as in robust+merge
     fedavg     FedAvgStrategy (one model)
 
 Recorded per job: the concept ARI of every round, the take-off round (first round with ARI >= 0.8),
@@ -69,6 +70,7 @@ ROBUST_MERGE = {**ROBUST, **MERGE, "retire_after": 25}
 # The hold of 10 rounds: the drift after a 5-round hold (session 33) did not happen on the two
 # digits-28 seeds it hit, in 30 rounds (session 34).
 ROBUST10 = {**ROBUST, "group_hold": 10}
+ROBUST10_MERGE = {**ROBUST10, **MERGE, "retire_after": 25}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -76,6 +78,8 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "group+merge-k6": ("fedrc", 6, {**GROUP, **MERGE}),
     "robust": ("fedrc", 3, ROBUST),
     "robust10": ("fedrc", 3, ROBUST10),
+    "robust10+merge": ("fedrc", 3, ROBUST10_MERGE),
+    "robust10+merge-k6": ("fedrc", 6, ROBUST10_MERGE),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
     "fedavg": ("fedavg", 1, {}),
@@ -96,8 +100,10 @@ class Job:
 def job_list(seeds: list[int]) -> list[Job]:
     """Every job, in priority order."""
     jobs = [Job("robust10", cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job(config, ONE_CONCEPT, s) for config in ("robust10+merge", "fedavg") for s in seeds]
+    jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust", cell, s) for cell in CELLS for s in seeds]
-    jobs += [Job(config, ONE_CONCEPT, s) for config in ("robust+merge", "fedavg") for s in seeds]
+    jobs += [Job("robust+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("group", cell, s) for cell in CELLS for s in seeds]
     jobs += [Job("fedrc", cell, s) for cell in CELLS for s in seeds]
