@@ -3,6 +3,7 @@ a per-round timer that splits each round by the engine's phase timers, and W1-sh
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import platform
@@ -284,3 +285,32 @@ def header(keys: Sequence[str] = ROUND_KEYS, width: int = 10) -> str:
 
 def command_line() -> str:
     return "python " + " ".join(sys.argv)
+
+
+def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
+    """FedRC's concept-grouping options as flags (``--group-share/-assign/-margin/-hold/-late-round``;
+    ``--group-round`` is each script's own, since its help differs)."""
+    parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
+    parser.add_argument(
+        "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
+    )
+    parser.add_argument("--group-margin", type=float, default=None, help="FedRC's group_margin")
+    parser.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
+    parser.add_argument("--group-late-round", type=int, default=None, help="FedRC's group_late_round")
+
+
+def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
+    """FedRCStrategy's grouping arguments from the flags of :func:`add_grouping_arguments` (none
+    without ``--group-round``; the defaults are left out, so the strategy's own apply)."""
+    if args.group_round is None:
+        return {}
+    options: dict[str, Any] = {"group_round": args.group_round, "group_share": args.group_share}
+    if args.group_assign != "medoid":
+        options["group_assign"] = args.group_assign
+    if args.group_margin is not None:
+        options["group_margin"] = args.group_margin
+    if args.group_hold:
+        options["group_hold"] = args.group_hold
+    if args.group_late_round is not None:
+        options["group_late_round"] = args.group_late_round
+    return options

@@ -59,8 +59,10 @@ import torch.nn.functional as F
 from _common import (
     CLOCK_HELP,
     RoundTimer,
+    add_grouping_arguments,
     clock,
     command_line,
+    grouping_options,
     machine_line,
     make_trainer,
     peak_rss_mb,
@@ -427,16 +429,7 @@ def server_options(args: argparse.Namespace) -> dict[str, Any]:
         options["optimizer_state_dtype"] = args.optimizer_state_dtype
     if args.optimizer_state_dir is not None:
         options["optimizer_state_dir"] = args.optimizer_state_dir
-    if args.group_round is not None:
-        options.update(group_round=args.group_round, group_share=args.group_share)
-        if args.group_assign != "medoid":
-            options["group_assign"] = args.group_assign
-        if args.group_margin is not None:
-            options["group_margin"] = args.group_margin
-        if args.group_hold:
-            options["group_hold"] = args.group_hold
-        if args.group_late_round is not None:
-            options["group_late_round"] = args.group_late_round
+    options.update(grouping_options(args))
     if args.merge_threshold is not None:
         options.update(merge_threshold=args.merge_threshold, merge_after=args.merge_after)
     if args.label_stats_floor is not None:
@@ -573,13 +566,7 @@ def main() -> None:
     r.add_argument("--label-stats-floor", type=float, default=None, help="FedRC's floor of C (theirs 1e-8)")
     r.add_argument("--merge-threshold", type=float, default=None, help="FedRC's cluster merging (nats)")
     r.add_argument("--merge-after", type=int, default=0, help="first round index a merge may follow")
-    r.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
-    r.add_argument(
-        "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
-    )
-    r.add_argument("--group-margin", type=float, default=None, help="FedRC's group_margin")
-    r.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
-    r.add_argument("--group-late-round", type=int, default=None, help="FedRC's group_late_round")
+    add_grouping_arguments(r)
     r.add_argument("--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)")
     r.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu", help="Lightning's accelerator")
     r.add_argument("--quiet-rounds", action="store_true", help="print only each seed's last round")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from _common import make_trainer
+from _common import add_grouping_arguments, grouping_options, make_trainer
 from _takeoff_variants import anneal
 
 from lightning_fedcluster import FedRCStrategy
@@ -71,20 +71,6 @@ class _ServerNotes(logging.Filter):
         self._logger.setLevel(self._level)
 
 
-def grouping_options(args: argparse.Namespace) -> dict[str, object]:
-    """The robust grouping's options (``--group-assign/-margin/-hold/-late-round``) as given."""
-    options: dict[str, object] = {}
-    if args.group_assign != "medoid":
-        options["group_assign"] = args.group_assign
-    if args.group_margin is not None:
-        options["group_margin"] = args.group_margin
-    if args.group_hold:
-        options["group_hold"] = args.group_hold
-    if args.group_late_round is not None:
-        options["group_late_round"] = args.group_late_round
-    return options
-
-
 def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, float]:
     dm = DigitsFederated(num_clients=30, concepts=args.concepts, seed=seed)
     options = {}
@@ -92,8 +78,7 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
         options["reseed_threshold"] = args.reseed_threshold
     if args.server_optimizer != "none":
         options.update(server_optimizer=args.server_optimizer, server_lr=args.server_lr)
-    if args.group_round is not None and num_clusters > 1:
-        options.update(group_round=args.group_round, group_share=args.group_share)
+    if num_clusters > 1:
         options.update(grouping_options(args))
     if args.label_stats_floor is not None:
         options["label_stats_floor"] = args.label_stats_floor
@@ -151,13 +136,7 @@ def main() -> None:
     parser.add_argument(
         "--retire-after", type=int, default=None, help="FedRC's retire_after (round index)"
     )
-    parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
-    parser.add_argument(
-        "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
-    )
-    parser.add_argument("--group-margin", type=float, default=None, help="FedRC's group_margin")
-    parser.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
-    parser.add_argument("--group-late-round", type=int, default=None, help="FedRC's group_late_round")
+    add_grouping_arguments(parser)
     parser.add_argument(
         "--anneal", default=None, help="BETA0:ROUNDS, an annealed E-step (_takeoff_variants.py)"
     )
@@ -182,8 +161,7 @@ def main() -> None:
     )
     print(
         f"SGD lr {args.lr} momentum {args.momentum}, optimizer_state={args.optimizer_state}, "
-        f"reseed_threshold={args.reseed_threshold}, group_round={args.group_round} "
-        f"(share {args.group_share}, {grouping_options(args) or 'plain grouping'}) "
+        f"reseed_threshold={args.reseed_threshold}, grouping {grouping_options(args) or 'off'}, "
         f"merge_threshold={args.merge_threshold} (after {args.merge_after}) "
         f"retire_after={args.retire_after}, "
         f"server_optimizer={args.server_optimizer} (server_lr {args.server_lr}), {args.rounds} rounds, "

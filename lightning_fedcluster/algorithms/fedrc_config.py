@@ -53,7 +53,7 @@ class FedRCConfig:
         group_margin: e.g. 0.7: group only the clients whose best group score is below this
             times the second best; the others get uniform ω and FedRC's E-step places them
             (None: group every client; needs ``group_round``).
-        group_hold: e.g. 5: for this many rounds after the grouping, a grouped client gives
+        group_hold: e.g. 10: for this many rounds after the grouping, a grouped client gives
             every sample γ = its ω, so that each concept's cluster learns all of the concept's
             labels before FedRC's E-step may move samples again (0: never; needs ``group_round``).
         group_late_round: e.g. 20, with ``group_margin``: after this many rounds, each client the
