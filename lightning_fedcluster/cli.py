@@ -35,7 +35,7 @@ from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, RoundPro
 from lightning_fedcluster.cli_errors import ConciseArgumentParser, debug_requested, exit_with, summarize
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.datamodules.datasets.tensor_file import TENSOR_FILE_SUFFIXES
-from lightning_fedcluster.strategies import check_strategy_name
+from lightning_fedcluster.strategies import check_strategy_name, registered_name
 
 MAIN_JOB_DEFAULTS = {
     "model": {"class_path": "lightning_fedcluster.models.MLPClassifier", "init_args": {"lr": 0.2}},
@@ -232,6 +232,8 @@ class FedClusterCLI(LightningCLI):
         after a validation, which the main job runs every 25 rounds."""
         subcommand = self.config_init[self.subcommand] if self.subcommand else self.config_init
         config = subcommand["trainer"]
+        if "strategy" in config:  # a class name alone: the class with its defaults (its registered name)
+            config["strategy"] = registered_name(config["strategy"])
         check_strategy_name(config.get("strategy"))
         given = config.get("callbacks") or []
         callbacks = list(given) if isinstance(given, list) else [given]

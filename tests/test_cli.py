@@ -24,6 +24,7 @@ from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS, log_location, run_cli
 from lightning_fedcluster.datamodules import DigitsFederated, FederatedDataModule, TensorFileFederated
 from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.models import SmallCNN
+from lightning_fedcluster.strategies import IFCAStrategy
 
 ROOT = Path(__file__).parent.parent
 
@@ -345,6 +346,23 @@ def test_an_unknown_strategy_name_is_refused_suggesting_the_registered_ones(tmp_
     assert stop.value.code == 2
     said = capsys.readouterr().err
     assert re.match(message + r".*lightning-fedcluster's are fedrc, fedem, .*fedprox", said)
+
+
+@pytest.mark.parametrize("given", ["IFCAStrategy", "lightning_fedcluster.IFCAStrategy"])
+def test_a_strategy_class_name_alone_trains_that_class_with_its_defaults(given, tmp_path: Path) -> None:
+    """``--trainer.strategy IFCAStrategy`` with no argument of it reaches the trainer as a string
+    (jsonargparse builds a class only when an argument follows); it used to be refused with "did you
+    mean 'IFCAStrategy'". It trains what the registered name ``ifca`` trains."""
+    from lightning_fedcluster.strategies import registered_name
+
+    assert registered_name(given) == "ifca"
+    assert registered_name("fedrc") == "fedrc"
+    assert registered_name("otherlib.IFCAStrategy") == "otherlib.IFCAStrategy"  # not ours: left alone
+    cli = run_cli(["fit", "--trainer.strategy", given, "--trainer.max_epochs=1", "--trainer.logger=false",
+                   "--trainer.enable_checkpointing=false",
+                   f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert type(cli.trainer.strategy) is IFCAStrategy
+    assert cli.trainer.strategy.num_clusters == IFCAStrategy().num_clusters
 
 
 def test_the_results_table_says_why_the_concept_ari_of_one_concept_is_undefined(tmp_path, capsys) -> None:

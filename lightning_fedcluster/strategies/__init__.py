@@ -31,6 +31,24 @@ for _name, (_cls, _description) in _REGISTRY.items():
         StrategyRegistry.register(_name, _cls, description=_description)
 
 
+def registered_name(strategy: Any) -> Any:
+    """The registered name of a library strategy given by its class name (``"IFCAStrategy"``, or
+    dotted: ``"lightning_fedcluster.IFCAStrategy"``), else ``strategy`` unchanged. On the command
+    line ``--trainer.strategy IFCAStrategy`` alone reaches the trainer as that string (jsonargparse
+    builds the class only when one of its arguments follows); it means the class with its defaults,
+    which is what its registered name builds."""
+    if not isinstance(strategy, str):
+        return strategy
+    leaf = strategy.rsplit(".", 1)[-1]
+    module = strategy.rsplit(".", 1)[0] if "." in strategy else "lightning_fedcluster"
+    if not module.startswith("lightning_fedcluster"):
+        return strategy
+    for name, (cls, _) in _REGISTRY.items():
+        if cls.__name__ == leaf:
+            return name
+    return strategy
+
+
 def check_strategy_name(strategy: Any) -> None:
     """A strategy given by name must be registered; an unknown name is refused suggesting the
     library's names (Lightning's own error lists only its DDP-style choices)."""
