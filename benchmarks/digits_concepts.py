@@ -14,6 +14,9 @@ the end, ``clusters used`` counts the clusters that some seen client's largest m
 points to, ``clusters alive`` those that explain at least 5 % of the seen clients' data (3 =
 none died); the per-seed line adds the models still held (``active``: not retired by a merge).
 
+The concept grouping: ``--group-round`` and the robust grouping's ``--group-assign/-margin/-hold/
+-late-round`` (``_common.add_grouping_arguments``; the quick start's configuration is
+``--group-round 20 --group-assign mean --group-margin 0.7 --group-hold 10 --group-late-round 25``).
 Issue 25's spurious-cluster checks: ``--concepts 1`` (DigitsFederated's concept count) with
 ``--group-round``/``--merge-threshold``/``--merge-after``/``--retire-after``, and
 ``--num-clusters 6`` on three concepts; ``--show-merges`` prints each merge's and retirement's note.
