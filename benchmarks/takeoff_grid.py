@@ -124,13 +124,17 @@ class Settings:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def make_evaluation(every: int):  # noqa: ANN201
+def make_evaluation(every: int, floor: float = 1e-8):  # noqa: ANN201
     """A callback: each round's concept ARI, and every ``every`` rounds (and at the last) the global
     clients' accuracy per concept and the clients' mean accuracy on their own test rows; also the
-    device the module trained on (read at train start, since teardown moves it to the CPU)."""
+    device the module trained on (read at train start, since teardown moves it to the CPU). With
+    merging on, each round also keeps the clients' merge scores, their largest-ω cluster and log C
+    (``floor``: the run's label-statistics floor), so merge criteria can be studied offline."""
     import lightning.pytorch as pl
     import torch
     from authors_comparison import concept_ari
+
+    from lightning_fedcluster.algorithms.mixture import label_statistics
 
     class Evaluation(pl.Callback):
         def __init__(self, global_clients: list) -> None:
@@ -149,6 +153,11 @@ def make_evaluation(every: int):  # noqa: ANN201
                 "ari": concept_ari(state.omega, trainer.datamodule.metadata.concept, state.seen),
                 "alive": int(state.active.sum()),
             }
+            if "cluster_scores" in state.extra:  # merging's per-client scores, for offline study
+                row["owner"] = state.omega.argmax(1).tolist()
+                row["scores"] = [[round(v, 4) for v in r] for r in state.extra["cluster_scores"].tolist()]
+                c = label_statistics(state.label_sums[state.seen], floor)
+                row["log_c"] = [[round(v, 4) for v in r] for r in c.log().tolist()]
             if number % every == 0 or number == trainer.max_epochs:
                 for concept, xa, ya, xs_g, ys_g in self.global_clients:
                     omega = module.adapt(xa, ya)
@@ -210,7 +219,7 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
     else:
         strategy, state = make_strategy("persist", job.seed, {**options, "executor": settings.executor}, k)
         assert state == "persist"
-    evaluation = make_evaluation(settings.eval_every)(global_clients)
+    evaluation = make_evaluation(settings.eval_every, options.get("label_stats_floor", 1e-8))(global_clients)
     trainer = make_trainer(
         strategy,
         settings.rounds,
@@ -233,6 +242,8 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
     shares = cluster_shares(state.omega, dm.train_sizes, state.seen)
     alive = state.active.nonzero().flatten().tolist()
     ari = [r["ari"] for r in rows]
+    keys = ("round", "owner", "scores", "log_c")
+    merge_rows = [{key: r[key] for key in keys} for r in rows if "scores" in r]
     return {
         **asdict(job),
         "name": job.name,
@@ -256,6 +267,7 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         "accelerator": settings.accelerator,
         "executor": trainer.lightning_module.executor,
         "fit_seconds": fit_seconds,
+        **({"merge_scores": merge_rows} if merge_rows else {}),
     }
 
 
