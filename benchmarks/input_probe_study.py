@@ -5,8 +5,9 @@ misplaces the two clients with ``inverse`` corruption (client 17: blend 0.8, cli
 0.4 of the inverted image), and FedRC's E-step keeps them there. A feature shift that is an affine
 map of pixel intensities (inversion, contrast) can be undone at the input, a concept shift (a
 label permutation) cannot. The probe: for every client and cluster, freeze the cluster's model and
-fit ``x -> a * x + b`` (two scalars, Adam) on the client's training rows; the cluster with the
-lowest cross-entropy after the fit is where the probe would place the client.
+fit ``x -> a * x + b`` (two scalars, Adam, from each of ``--starts`` for a) on the client's
+training rows; the cluster with the lowest cross-entropy after the fit is where the probe would
+place the client.
 
 The script trains a ``takeoff_grid.py`` configuration for ``--rounds`` rounds (the robust one's
 late pass acts after round 20), then prints, per client: its concept and style, its ω, the
@@ -31,9 +32,12 @@ import authors_comparison as ac  # noqa: E402
 from takeoff_grid import CONFIGS  # noqa: E402
 
 
-def probe_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
-    """Cross-entropy of the frozen ``model`` on (a·x + b, y) after ``steps`` Adam steps on a, b."""
-    a = torch.ones((), requires_grad=True)
+def probe_loss(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, start: float = 1.0
+) -> float:
+    """Cross-entropy of the frozen ``model`` on (a·x + b, y) after ``steps`` Adam steps on a, b
+    from a = ``start``, b = 0."""
+    a = torch.full((), float(start), requires_grad=True)
     b = torch.zeros((), requires_grad=True)
     optimizer = torch.optim.Adam([a, b], lr=0.1)
     for _ in range(steps):
@@ -62,6 +66,13 @@ def main() -> None:
     fedrc = [name for name, (kind, _, _) in CONFIGS.items() if kind == "fedrc"]
     parser.add_argument("--config", default="robust", choices=fedrc, help="a takeoff_grid.py configuration")
     parser.add_argument("--steps", type=int, default=30, help="Adam steps of the probe (lr 0.1)")
+    parser.add_argument(
+        "--starts",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="initial scales a of the probe; the lowest cross-entropy over them counts (e.g. 1 -1)",
+    )
     args = parser.parse_args()
     ac.quiet()
     torch.set_num_threads(1)
@@ -86,7 +97,7 @@ def main() -> None:
         x, y = dm.train_split(i)
         with torch.no_grad():
             identity = [float(F.cross_entropy(m(x), y)) for m in models]
-        probed = [probe_loss(m, x, y, args.steps) for m in models]
+        probed = [min(probe_loss(m, x, y, args.steps, a) for a in args.starts) for m in models]
         right = home[concepts[i]]
         marks = "/".join(str(int(min(range(k), key=ce.__getitem__) == right)) for ce in (identity, probed))
         print(
