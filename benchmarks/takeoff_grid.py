@@ -182,12 +182,11 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
                 row["val"] = float(per_client.mean())
             self.rows.append(row)
             if name:  # progress, one line a round
-                scored = f", acc {100 * statistics.mean(row[f'acc{c}'] for c, *_ in self.global_clients):.1f}"
-                print(
-                    f"{name} round {number}: ARI {row['ari']:.2f}, alive {row['alive']}"
-                    + (scored if "val" in row else ""),
-                    flush=True,
-                )
+                line = f"{name} round {number}: ARI {row['ari']:.2f}, alive {row['alive']}"
+                if "val" in row:
+                    accuracy = statistics.mean(row[f"acc{c}"] for c, *_ in self.global_clients)
+                    line += f", acc {100 * accuracy:.1f}"
+                print(line, flush=True)
 
     return Evaluation
 
