@@ -136,8 +136,9 @@ class Settings:
 def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: ANN201
     """A callback: each round's concept ARI, and every ``every`` rounds (and at the last) the global
     clients' accuracy per concept and the clients' mean accuracy on their own test rows; also the
-    device the module trained on (read at train start, since teardown moves it to the CPU). With
-    merging on, each round also keeps the clients' merge scores, their largest-ω cluster and log C
+    device the module trained on (read at train start, since teardown moves it to the CPU), and each
+    client's largest-ω cluster every round. With merging on, each round also keeps the clients'
+    merge scores and log C
     (``floor``: the run's label-statistics floor), so merge criteria can be studied offline."""
     import lightning.pytorch as pl
     import torch
@@ -162,8 +163,8 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
                 "ari": concept_ari(state.omega, trainer.datamodule.metadata.concept, state.seen),
                 "alive": int(state.active.sum()),
             }
+            row["owner"] = state.omega.argmax(1).tolist()  # each client's largest-ω cluster
             if "cluster_scores" in state.extra:  # merging's per-client scores, for offline study
-                row["owner"] = state.omega.argmax(1).tolist()
                 row["scores"] = [[round(v, 4) for v in r] for r in state.extra["cluster_scores"].tolist()]
                 c = label_statistics(state.label_sums[state.seen], floor)
                 row["log_c"] = [[round(v, 4) for v in r] for r in c.log().tolist()]
@@ -283,6 +284,7 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         "accelerator": settings.accelerator,
         "executor": trainer.lightning_module.executor,
         "fit_seconds": fit_seconds,
+        "owners": [r["owner"] for r in rows],
         **({"merge_scores": merge_rows} if merge_rows else {}),
     }
 
