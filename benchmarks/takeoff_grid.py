@@ -138,8 +138,8 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
     clients' accuracy per concept and the clients' mean accuracy on their own test rows; also the
     device the module trained on (read at train start, since teardown moves it to the CPU), and each
     client's largest-ω cluster every round. With merging on, each round also keeps the clients'
-    merge scores and log C
-    (``floor``: the run's label-statistics floor), so merge criteria can be studied offline."""
+    merge scores and log C (``floor``: the run's label-statistics floor), so merge criteria can be
+    studied offline."""
     import lightning.pytorch as pl
     import torch
     from authors_comparison import concept_ari
