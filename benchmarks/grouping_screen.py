@@ -29,6 +29,9 @@ run (another grouping or none), so this is a proxy for a run with the late pass.
 
     python benchmarks/grouping_screen.py --rounds 10 14 \
         --run /work/takeoff/a1=/work/takeoff/diag/a1-g15/seed0.json
+
+``--groups 6 --show-groups`` shows what a run started at K = 6 groups into (``mean``: the groups
+left after the refinement, which can be fewer than K).
 """
 
 from __future__ import annotations
@@ -129,6 +132,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, nargs="+", required=True)
     parser.add_argument("--groups", type=int, default=3, help="K (alive clusters)")
     parser.add_argument("--late", type=int, nargs="*", default=[], help="rows for the late pass")
+    parser.add_argument(
+        "--show-groups",
+        action="store_true",
+        help="print the groups of the `mean` variant: each member as client:concept:style",
+    )
     args = parser.parse_args()
     header = None
     for spec in args.run:
@@ -158,6 +166,13 @@ def main() -> None:
             )
             for line in late_pass(rows, number, args.late, concept, args.groups):
                 print(line)
+            if args.show_groups:
+                styles = [c["feature_style"] for c in manifest["clients"]]
+                groups = result["mean"][0]
+                for g in range(int(groups.max()) + 1):
+                    members = (groups == g).nonzero().flatten().tolist()
+                    listed = " ".join(f"{i}:{int(concept[i])}:{styles[i]}" for i in members)
+                    print(f"  group {g} ({len(members)} clients): {listed}")
 
 
 if __name__ == "__main__":

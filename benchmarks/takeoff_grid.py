@@ -185,7 +185,8 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
             if name:  # progress, one line a round
                 line = f"{name} round {number}: ARI {row['ari']:.2f}, alive {row['alive']}"
                 if "val" in row:
-                    accuracy = statistics.mean(row[f"acc{c}"] for c, *_ in self.global_clients)
+                    held = trainer.datamodule.metadata.concept.unique().tolist()  # as the record's "acc"
+                    accuracy = statistics.mean(row[f"acc{c}"] for c in held)
                     line += f", acc {100 * accuracy:.1f}"
                 print(line, flush=True)
 
