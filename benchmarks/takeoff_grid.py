@@ -16,6 +16,7 @@ round) on a data set written by ``authors_comparison.py write``. Configurations:
     robust10   the same with group_hold=10 (first in priority: the next grid to run)
     robust10+merge  robust10 with merges and retirement as in robust+merge
     robust10+removal  robust10 with FedRC's adaptive K (App. F) at removal_threshold=0.1
+    robust10+removal25  the same from round 25 on (removal_after=25)
     fedavg     FedAvgStrategy (one model)
 
 Recorded per job: the concept ARI of every round, the take-off round (first round with ARI >= 0.8),
@@ -76,6 +77,9 @@ ROBUST10_MERGE = {**ROBUST10, **MERGE, "retire_after": 25}
 # K = 6 the grouping puts the two inverted-image clients (concepts 0 and 1) in a fourth group of
 # their own (8 % of the data), which merging never fuses (session 35).
 ROBUST10_REMOVAL = {**ROBUST10, "removal_threshold": 0.1}
+# The same removal from round 25 on (``removal_after``): before the grouping it collapsed one
+# concept onto its last model at once, which then fell to chance (session 35).
+ROBUST10_REMOVAL25 = {**ROBUST10_REMOVAL, "removal_after": 25}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -87,6 +91,8 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+merge-k6": ("fedrc", 6, ROBUST10_MERGE),
     "robust10+removal": ("fedrc", 3, ROBUST10_REMOVAL),
     "robust10+removal-k6": ("fedrc", 6, ROBUST10_REMOVAL),
+    "robust10+removal25": ("fedrc", 3, ROBUST10_REMOVAL25),
+    "robust10+removal25-k6": ("fedrc", 6, ROBUST10_REMOVAL25),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
     "fedavg": ("fedavg", 1, {}),
@@ -111,6 +117,8 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
     jobs += [Job("robust10+removal", ONE_CONCEPT, s) for s in seeds]
+    jobs += [Job("robust10+removal25", ONE_CONCEPT, s) for s in seeds]
+    jobs += [Job("robust10+removal25-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
     jobs += [Job("robust", cell, s) for cell in CELLS for s in seeds]
     jobs += [Job("robust+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust+merge-k6", "m10", s) for s in seeds]

@@ -94,8 +94,8 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     def after_round(self, server: ServerView) -> list[ServerAction]:
         """Concept grouping when it is due; a merge of near-identical clusters; the retirement of
         clusters no client owns; adaptive K (App. F): remove the clusters whose share of γ fell
-        below the threshold; or, with ``reseed_threshold``, re-seed a dead cluster from the
-        largest one. One decision a round, in that order."""
+        below the threshold (from round ``removal_after`` on); or, with ``reseed_threshold``,
+        re-seed a dead cluster from the largest one. One decision a round, in that order."""
         state, outcome = server.client_state, server.outcome
         if self.grouping is not None:
             grouped = self.grouping.actions(state, outcome.round_index)
@@ -111,6 +111,8 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
                 return retired
         if self.config.reseed_threshold is not None:
             return self._reseed(state, outcome)
+        if outcome.round_index < self.config.removal_after:
+            return []
         remove = self.clusters_to_remove(state, outcome.train_sizes)
         if remove is None or not bool(remove.any()):
             return []

@@ -28,6 +28,11 @@ class FedRCConfig:
         removal_threshold: δ of adaptive K (App. F, e.g. 0.05): start with a generous
             ``num_clusters`` and, after each round, remove clusters whose share of γ over all seen
             clients' data is below δ (None: never).
+        removal_after: the first round index after which adaptive K may remove a cluster (needs
+            ``removal_threshold``; 0, the paper's, from the first round). With grouping, a
+            removal before it puts each client's whole weight on fewer models at once, which on
+            one concept sent the last model to chance where FedAvg recovered
+            (``docs/how-clusters-form.md``); ``group_round`` or later waits for the grouping.
         label_stats_floor: the smallest C_{y,k} the E-step divides by (the authors' 1e-8). A
             cluster that holds almost no rows of label y otherwise pulls every label-y sample of
             every client towards itself by up to 1/floor, which breaks up concept clusters whose
@@ -78,6 +83,7 @@ class FedRCConfig:
     adam_gamma: bool = False
     label_noise_std: float | tuple[float, ...] = 0.0
     removal_threshold: float | None = None
+    removal_after: int = 0
     label_stats_floor: float = LABEL_STATS_FLOOR
     reseed_threshold: float | None = None
     reseed_seed: int = 0
@@ -117,11 +123,15 @@ class FedRCConfig:
             ("group_hold", self.group_hold, 0, "group_round", self.group_round is not None),
             ("group_late_round", self.group_late_round, None, "group_round", self.group_round is not None),
             ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
+            ("removal_after", self.removal_after, 0, "removal_threshold", self.removal_threshold is not None),
         ):
             if not on and value != default:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
+        after = self.removal_after
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ValueError(f"removal_after must be a round index >= 0, got {after!r}")
         self.grouping, self.merging, self.retirement  # noqa: B018 - their own checks of the values
         if self.retire_after is not None and self.reseed_threshold is not None:
             raise ValueError(

@@ -17,7 +17,7 @@ class FedRCStrategy(FederatedStrategy):
     feature styles. ``num_clusters=1`` is FedAvg.
 
     The keywords beyond :class:`FederatedStrategy`'s (``hard_prediction``, ``hard_training``,
-    ``adam_gamma``, ``label_noise_std``, ``removal_threshold``, ``reseed_threshold``,
+    ``adam_gamma``, ``label_noise_std``, ``removal_threshold``, ``removal_after``, ``reseed_threshold``,
     ``group_round``, ``group_share``, ``group_assign``, ``group_margin``, ``group_hold``,
     ``group_late_round``, ``merge_threshold``, ``merge_after``, ``retire_after``,
     ``label_stats_floor``)
@@ -41,6 +41,7 @@ class FedRCStrategy(FederatedStrategy):
         adam_gamma: bool = False,
         label_noise_std: float | Sequence[float] = 0.0,
         removal_threshold: float | None = None,
+        removal_after: int = 0,
         reseed_threshold: float | None = None,
         group_round: int | None = None,
         group_share: float = 0.9,

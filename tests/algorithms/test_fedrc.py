@@ -113,6 +113,40 @@ def test_cluster_removal_by_hand_and_state_renormalisation():
         state.remove_clusters(torch.ones(3, dtype=torch.bool))
 
 
+def test_removal_waits_for_removal_after_then_removes_as_by_hand():
+    # the shares of the test above: [0.6, 0.3575, 0.0425]; δ = 0.05 removes cluster 2
+    omega = t([[0.9, 0.08, 0.02], [0.5, 0.45, 0.05], [0.0, 0.0, 1.0]])
+    seen = torch.tensor([True, True, False])
+    rule = FedRC(3, removal_threshold=0.05, removal_after=5)
+
+    def decide(round_index: int) -> list:
+        state = ClientState(omega=omega.clone(), label_sums=torch.ones(3, 2, 3, dtype=F64), seen=seen)
+        sizes = torch.tensor([10, 30, 1000])
+        outcome = type("Outcome", (), {"round_index": round_index, "train_sizes": sizes})
+        view = type("View", (), {"client_state": state, "outcome": outcome})
+        return rule.after_round(view)
+
+    assert decide(4) == []  # round index 4 < removal_after: no removal, although cluster 2 is below δ
+    removal, note = decide(5)
+    assert removal.mask.tolist() == [False, False, True]
+    assert "removed cluster(s) [2]" in note.text and "2 remain" in note.text
+    assert FedRC(3, removal_threshold=0.05).config.removal_after == 0  # the paper's: from the first round
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"removal_after": 3}, "removal_after=3 has no effect without removal_threshold"),
+        ({"removal_threshold": 0.1, "removal_after": -1}, "must be a round index >= 0, got -1"),
+        ({"removal_threshold": 0.1, "removal_after": True}, "must be a round index >= 0, got True"),
+        ({"removal_threshold": 0.1, "removal_after": 2.0}, "must be a round index >= 0, got 2.0"),
+    ],
+)
+def test_removal_after_is_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        FedRC(3, **options)
+
+
 def test_soft_rule_skips_removed_clusters_everywhere():
     rule = Algorithm(3)
     active = [True, False, True]

@@ -78,6 +78,17 @@ def test_fedrc_removes_clusters_mid_training_and_freezes_them(digits):
     assert math.isfinite(results["test/global_acc"])
 
 
+def test_removal_after_keeps_every_cluster_until_its_round(digits):
+    # the same fit as above removes clusters within two rounds; removal_after=2 waits past them
+    strategy = FedRCStrategy(4, clients_per_round=6, local_steps=2, removal_threshold=0.3, removal_after=2)
+    trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    assert trainer.lightning_module.client_state.active.all()
+    trainer.fit_loop.max_epochs = 3
+    trainer.fit(trainer.lightning_module, datamodule=digits)
+    assert not trainer.lightning_module.client_state.active.all()  # round index 2: removal acts
+
+
 def test_label_noise_needs_one_sigma_per_client(digits):
     trainer = make_trainer(FedRCStrategy(3, label_noise_std=[0.1, 0.2]), max_epochs=1)
     with pytest.raises(ValueError, match="label_noise_std has 2 values .* 12 clients"):
