@@ -16,7 +16,7 @@ round) on a data set written by ``authors_comparison.py write``. Configurations:
     robust10   the same with group_hold=10 (first in priority: the next grid to run)
     robust10+merge  robust10 with merges and retirement as in robust+merge
     robust10+removal  robust10 with FedRC's adaptive K (App. F) at removal_threshold=0.1
-    robust10+removal25  the same from round 25 on (removal_after=25)
+    robust10+removal25  the same from round 25 on (removal_after=25); robust10+removal15 from 15
     fedavg     FedAvgStrategy (one model)
 
 Recorded per job: the concept ARI of every round, the take-off round (first round with ARI >= 0.8),
@@ -80,6 +80,8 @@ ROBUST10_REMOVAL = {**ROBUST10, "removal_threshold": 0.1}
 # The same removal from round 25 on (``removal_after``): before the grouping it collapsed one
 # concept onto its last model at once, which then fell to chance (session 35).
 ROBUST10_REMOVAL25 = {**ROBUST10_REMOVAL, "removal_after": 25}
+# From the round after the grouping (group_round = 15), while its hold keeps ω as grouped.
+ROBUST10_REMOVAL15 = {**ROBUST10_REMOVAL, "removal_after": 15}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -92,6 +94,7 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+removal": ("fedrc", 3, ROBUST10_REMOVAL),
     "robust10+removal-k6": ("fedrc", 6, ROBUST10_REMOVAL),
     "robust10+removal25": ("fedrc", 3, ROBUST10_REMOVAL25),
+    "robust10+removal15": ("fedrc", 3, ROBUST10_REMOVAL15),
     "robust10+removal25-k6": ("fedrc", 6, ROBUST10_REMOVAL25),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
@@ -118,6 +121,7 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
     jobs += [Job("robust10+removal", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+removal25", ONE_CONCEPT, s) for s in seeds]
+    jobs += [Job("robust10+removal15", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+removal25-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
     jobs += [Job("robust", cell, s) for cell in CELLS for s in seeds]
     jobs += [Job("robust+merge", ONE_CONCEPT, s) for s in seeds]
