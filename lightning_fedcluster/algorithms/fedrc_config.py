@@ -29,10 +29,10 @@ class FedRCConfig:
             ``num_clusters`` and, after each round, remove clusters whose share of γ over all seen
             clients' data is below δ (None: never).
         removal_after: the first round index after which adaptive K may remove a cluster (needs
-            ``removal_threshold``; 0, the paper's, from the first round). With grouping, a
-            removal before it puts each client's whole weight on fewer models at once, which on
-            one concept sent the last model to chance where FedAvg recovered
-            (``docs/how-clusters-form.md``); ``group_round`` or later waits for the grouping.
+            ``removal_threshold``; 0, the paper's, from the first round). With grouping,
+            ``group_round`` or later removes the clusters the grouping left small instead of those
+            the nearly uniform shares before it happen to put under δ
+            (``docs/how-clusters-form.md``, "K from the data on the take-off cells").
         label_stats_floor: the smallest C_{y,k} the E-step divides by (the authors' 1e-8). A
             cluster that holds almost no rows of label y otherwise pulls every label-y sample of
             every client towards itself by up to 1/floor, which breaks up concept clusters whose
