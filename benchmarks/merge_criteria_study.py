@@ -97,7 +97,8 @@ def main() -> None:
             for row in record["merge_scores"]:
                 if row["round"] not in args.rounds:
                     continue
-                owner = torch.tensor(row["owner"])
+                # records written before 2026-11-26 17:00 keep the owners in the merge rows
+                owner = torch.tensor(row["owner"] if "owner" in row else record["owners"][row["round"] - 1])
                 values = pair_values(
                     torch.tensor(row["scores"], dtype=torch.float64),
                     torch.tensor(row["log_c"], dtype=torch.float64),

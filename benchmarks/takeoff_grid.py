@@ -77,8 +77,8 @@ ROBUST10_MERGE = {**ROBUST10, **MERGE, "retire_after": 25}
 # K = 6 the grouping puts the two inverted-image clients (concepts 0 and 1) in a fourth group of
 # their own (8 % of the data), which merging never fuses (session 35).
 ROBUST10_REMOVAL = {**ROBUST10, "removal_threshold": 0.1}
-# The same removal from round 25 on (``removal_after``): before the grouping it collapsed one
-# concept onto its last model at once, which then fell to chance (session 35).
+# The same removal from round 25 or 15 on (``removal_after``): from round 0 it also removed before
+# the grouping, and one concept's last model fell to chance; it fell with 15 too (session 35).
 ROBUST10_REMOVAL25 = {**ROBUST10_REMOVAL, "removal_after": 25}
 # From the round after the grouping (group_round = 15), while its hold keeps ω as grouped.
 ROBUST10_REMOVAL15 = {**ROBUST10_REMOVAL, "removal_after": 15}
@@ -193,14 +193,13 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
                 per_client = torch.zeros(sizes.numel(), dtype=torch.float64).index_add_(0, owner, hits)
                 per_client /= sizes.clamp(min=1).double()
                 row["val"] = float(per_client.mean())
+                # the global accuracy: mean over the concepts the clients hold
+                held = trainer.datamodule.metadata.concept.unique().tolist()
+                row["acc"] = statistics.mean(row[f"acc{c}"] for c in held)
             self.rows.append(row)
             if name:  # progress, one line a round
                 line = f"{name} round {number}: ARI {row['ari']:.2f}, alive {row['alive']}"
-                if "val" in row:
-                    held = trainer.datamodule.metadata.concept.unique().tolist()  # as the record's "acc"
-                    accuracy = statistics.mean(row[f"acc{c}"] for c in held)
-                    line += f", acc {100 * accuracy:.1f}"
-                print(line, flush=True)
+                print(line + (f", acc {100 * row['acc']:.1f}" if "acc" in row else ""), flush=True)
 
     return Evaluation
 
@@ -264,15 +263,12 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
     rows = evaluation.rows
     state = trainer.lightning_module.client_state
     concepts = sorted({c["concept"] for c in manifest["clients"]})
-    for row in rows:
-        if "acc0" in row:  # the global accuracy: mean over the concepts the clients hold
-            row["acc"] = statistics.mean(row[f"acc{c}"] for c in concepts)
     scored = [r for r in rows if "acc" in r]
     best = max(scored, key=lambda r: (r["val"], -r["round"]))
     shares = cluster_shares(state.omega, dm.train_sizes, state.seen)
     alive = state.active.nonzero().flatten().tolist()
     ari = [r["ari"] for r in rows]
-    keys = ("round", "owner", "scores", "log_c")
+    keys = ("round", "scores", "log_c")  # each round's owners are in "owners"
     merge_rows = [{key: r[key] for key in keys} for r in rows if "scores" in r]
     return {
         **asdict(job),
