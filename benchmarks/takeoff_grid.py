@@ -82,6 +82,10 @@ ROBUST10_REMOVAL = {**ROBUST10, "removal_threshold": 0.1}
 ROBUST10_REMOVAL25 = {**ROBUST10_REMOVAL, "removal_after": 25}
 # From the round after the grouping (group_round = 15), while its hold keeps ω as grouped.
 ROBUST10_REMOVAL15 = {**ROBUST10_REMOVAL, "removal_after": 15}
+# Both: merges and retirement of unowned clusters (one concept's emptied clusters) and the removal
+# of owned-but-small ones (the inverted-image pair under K = 6), all from round 25, after the
+# grouping's hold (session 36).
+ROBUST10_MERGE_REMOVAL = {**ROBUST10_MERGE, "removal_threshold": 0.1, "removal_after": 25}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -96,6 +100,8 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+removal25": ("fedrc", 3, ROBUST10_REMOVAL25),
     "robust10+removal15": ("fedrc", 3, ROBUST10_REMOVAL15),
     "robust10+removal25-k6": ("fedrc", 6, ROBUST10_REMOVAL25),
+    "robust10+merge+removal": ("fedrc", 3, ROBUST10_MERGE_REMOVAL),
+    "robust10+merge+removal-k6": ("fedrc", 6, ROBUST10_MERGE_REMOVAL),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
     "fedavg": ("fedavg", 1, {}),
@@ -115,8 +121,13 @@ class Job:
 
 def job_list(seeds: list[int]) -> list[Job]:
     """Every job, in priority order."""
-    jobs = [Job("robust10", cell, s) for cell in CELLS for s in seeds]
-    jobs += [Job(config, ONE_CONCEPT, s) for config in ("robust10+merge", "fedavg") for s in seeds]
+    both = "robust10+merge+removal"
+    jobs = [Job(f"{both}-k6", "m10", s) for s in seeds]
+    jobs += [Job(config, ONE_CONCEPT, s) for config in (both, "fedavg") for s in seeds]
+    jobs += [Job(f"{both}-k6", "m1", s) for s in seeds]
+    jobs += [Job(both, cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job("robust10", cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
     jobs += [Job("robust10+removal", ONE_CONCEPT, s) for s in seeds]
@@ -382,7 +393,8 @@ def summarize(args: argparse.Namespace) -> None:
     )
     last = f"acc r{args.rounds}"
     print(f"\nThe four take-off cells ({args.rounds} rounds, authors' recipe):")
-    print(f"{'config':<22}{'cell':<6}{'runs':>5}{'take-offs':>10}{'median r':>9}{'acc r25':>8}"
+    wide = max(map(len, CONFIGS)) + 2  # the config column
+    print(f"{'config':<{wide}}{'cell':<6}{'runs':>5}{'take-offs':>10}{'median r':>9}{'acc r25':>8}"
           f"{last:>8}{'acc bestval':>12}{'final K':>8}{'dead':>5}")  # fmt: skip
     for config in (c for c in CONFIGS if not c.endswith("-k6")):  # K = 6: its own table below
         total, took = 0, []
@@ -394,7 +406,7 @@ def summarize(args: argparse.Namespace) -> None:
             total += len(runs)
             took += offs
             print(
-                f"{config:<22}{cell:<6}{len(runs):>5}{len(offs):>10}{_median(offs):>9}"
+                f"{config:<{wide}}{cell:<6}{len(runs):>5}{len(offs):>10}{_median(offs):>9}"
                 f"{_mean([r['acc25'] for r in runs]):>8}{_mean([r['acc_last'] for r in runs]):>8}"
                 f"{_mean([r['acc_best_val'] for r in runs]):>12}"
                 f"{statistics.mean(r['final_k'] for r in runs):>8.1f}{sum(r['dead'] > 0 for r in runs):>5}"
@@ -403,8 +415,9 @@ def summarize(args: argparse.Namespace) -> None:
             median = _median(took + [args.rounds + 1] * (total - len(took)))
             final = {cell: _mean([r["acc_last"] for r in by.get((config, cell), [])]) for cell in MNIST_CELLS}
             print(
-                f"{config:<22}{'all':<6}{total:>5}{len(took):>10}  done means: take-offs {len(took)}/{total} "
-                f"(>= 18 of 20), median take-off {median} (<= 25; not taken off = {args.rounds + 1}), "
+                f"{config:<{wide}}{'all':<6}{total:>5}{len(took):>10}  done means: "
+                f"take-offs {len(took)}/{total} (>= 18 of 20), "
+                f"median take-off {median} (<= 25; not taken off = {args.rounds + 1}), "
                 f"mean r{args.rounds} accuracy m1 {final['m1']}, m10 {final['m10']} (>= 88 at r60)"
             )
     print("\nOne concept (m10-one): final K, accuracy (concept 0) at the last and best-validation round")
