@@ -28,7 +28,7 @@ class FedRCConfig:
         removal_threshold: δ of adaptive K (App. F, e.g. 0.05): start with a generous
             ``num_clusters`` and, after each round, remove clusters whose share of γ over all seen
             clients' data is below δ (None: never).
-        removal_after: the first round index after which adaptive K may remove a cluster (needs
+        removal_after: the first round index at whose end adaptive K may remove a cluster (needs
             ``removal_threshold``; 0, the paper's, from the first round). With grouping,
             ``group_round`` or later removes the clusters the grouping left small instead of those
             the nearly uniform shares before it happen to put under δ
