@@ -86,6 +86,12 @@ ROBUST10_REMOVAL15 = {**ROBUST10_REMOVAL, "removal_after": 15}
 # of owned-but-small ones (the inverted-image pair under K = 6), all from round 25, after the
 # grouping's hold (session 36).
 ROBUST10_MERGE_REMOVAL = {**ROBUST10_MERGE, "removal_threshold": 0.1, "removal_after": 25}
+# The same with a higher floor under C_{y,k}: after the hold, a client whose own cluster fits it
+# poorly drifts to the cluster where its main label is rarest, pulled by 1 / C at the floor 0.01
+# (a1 seed 0: the label-8 client 21 to concept 1's cluster, the label-0 client 12 to concept 2's;
+# session 37). A floor of 0.05 caps that pull at 20x, 0.1 (uniform over 10 labels) removes it.
+ROBUST10_MERGE_REMOVAL_FLOOR05 = {**ROBUST10_MERGE_REMOVAL, "label_stats_floor": 0.05}
+ROBUST10_MERGE_REMOVAL_FLOOR10 = {**ROBUST10_MERGE_REMOVAL, "label_stats_floor": 0.1}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -102,6 +108,8 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+removal25-k6": ("fedrc", 6, ROBUST10_REMOVAL25),
     "robust10+merge+removal": ("fedrc", 3, ROBUST10_MERGE_REMOVAL),
     "robust10+merge+removal-k6": ("fedrc", 6, ROBUST10_MERGE_REMOVAL),
+    "robust10+merge+removal+floor05": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR05),
+    "robust10+merge+removal+floor10": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR10),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
     "fedavg": ("fedavg", 1, {}),
@@ -127,6 +135,7 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job(f"{both}-k6", "m1", s) for s in seeds]
     jobs += [Job(both, cell, s) for cell in CELLS for s in seeds]
     jobs += [Job("robust10", cell, s) for cell in CELLS for s in seeds]
+    jobs += [Job(f"{both}+floor{f}", cell, s) for f in ("05", "10") for cell in CELLS for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
