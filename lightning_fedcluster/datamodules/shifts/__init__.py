@@ -24,7 +24,7 @@ from lightning_fedcluster.datamodules.shifts.corruptions import (
 )
 from lightning_fedcluster.datamodules.shifts.default import CORRUPTIONS
 from lightning_fedcluster.datamodules.shifts.extra import SEVERITY_FREE, TORCHVISION_CORRUPTIONS
-from lightning_fedcluster.datamodules.shifts.label_maps import label_map, max_concepts
+from lightning_fedcluster.datamodules.shifts.label_maps import label_map, labelled_alike, max_concepts
 
 __all__ = [
     "ALL_CORRUPTIONS",
@@ -37,5 +37,6 @@ __all__ = [
     "TORCHVISION_CORRUPTIONS",
     "corrupt",
     "label_map",
+    "labelled_alike",
     "max_concepts",
 ]

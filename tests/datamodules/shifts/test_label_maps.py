@@ -1,11 +1,11 @@
-"""Concept label maps: the paper's maps, distinct permutations, how many exist."""
+"""Concept label maps: the paper's maps, distinct permutations, how many exist, where two agree."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lightning_fedcluster.datamodules.shifts import label_map, max_concepts
+from lightning_fedcluster.datamodules.shifts import label_map, labelled_alike, max_concepts
 
 
 def test_label_maps_match_the_paper() -> None:
@@ -38,3 +38,27 @@ def test_label_map_rejects_bad_arguments() -> None:
         label_map(-1, 10)
     with pytest.raises(ValueError, match="num_classes"):
         label_map(0, 1)
+
+
+def test_labelled_alike_counts_the_rows_another_concept_labels_the_same() -> None:
+    # A concept-1 client (y -> 9 - y): label 0 is class 9, label 5 class 4, label 8 class 1.
+    # Concept 2 (y -> y + 1) gives class 9 the label 0 and class 4 the label 5 too, class 1 the label 2.
+    shares = labelled_alike(torch.tensor([0, 0, 5, 8]), concept=1, num_concepts=3, num_classes=10)
+    assert shares.tolist() == [0.0, 1.0, 0.75]
+    # The identity agrees with neither on any class of 10.
+    assert labelled_alike(torch.tensor([4, 9, 3]), 0, 3, 10).tolist() == [1.0, 0.0, 0.0]
+    # 3 classes: the reversal gives classes 0, 1, 2 the labels 2, 1, 0, the shift 1, 2, 0 and the
+    # identity 0, 1, 2. Labels 0, 0, 1, 2 of a reversal client are classes 2, 2, 1, 0: the shift
+    # labels the two class-2 rows 0 as well, the identity the class-1 row 1.
+    assert labelled_alike(torch.tensor([0, 0, 1, 2]), 1, 3, 3).tolist() == [0.25, 1.0, 0.5]
+
+
+def test_labelled_alike_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="num_concepts"):
+        labelled_alike(torch.tensor([0]), 0, 12, 10)
+    with pytest.raises(ValueError, match="concept must be"):
+        labelled_alike(torch.tensor([0]), 3, 3, 10)
+    with pytest.raises(ValueError, match="labels must lie"):
+        labelled_alike(torch.tensor([10]), 0, 3, 10)
+    with pytest.raises(ValueError, match="labels is empty"):
+        labelled_alike(torch.tensor([], dtype=torch.long), 0, 3, 10)
