@@ -86,6 +86,10 @@ def rescore(args: argparse.Namespace) -> None:
             kept[cell] = other_share(clients, shares) <= args.ambiguous
             truth[cell] = torch.tensor([c["concept"] for c in clients])
         mask = kept[cell]
+        if "owners" not in record:  # records before session 35 keep only the ARI
+            last = f"{record['ari'][-1]:.2f} / {record['take_off']}"
+            print(f"| {record['name']} | {last} | not recorded (no owners) |")
+            continue
         aris = [grouping_ari(truth[cell][mask], torch.tensor(o)[mask]) for o in record["owners"]]
         rounds = list(range(1, len(aris) + 1))
         off = take_off_round(zip(rounds, aris, strict=True))
