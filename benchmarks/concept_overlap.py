@@ -111,7 +111,10 @@ def main() -> None:
         p.add_argument("--data-root", required=True, help="authors_comparison.py write's directory")
         p.add_argument("--ambiguous", type=float, default=0.5, help="leave out clients above this share")
     args = parser.parse_args()
-    table(args) if args.command == "table" else rescore(args)
+    if args.command == "table":
+        table(args)
+    else:
+        rescore(args)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def labelled_alike(labels: Tensor, concept: int, num_concepts: int, num_classes:
     allows, is then (nearly) as well explained by the other concept: no clustering can be asked to
     place it by its concept. `labels` are the client's labels under its own concept.
     """
-    if not 0 < num_concepts <= max_concepts(num_classes):
+    if isinstance(num_concepts, bool) or not isinstance(num_concepts, Integral) or not (
+        0 < num_concepts <= max_concepts(num_classes)
+    ):
         raise ValueError(
             f"num_concepts must be in [1, {max_concepts(num_classes)}] for num_classes={num_classes}, "
             f"got {num_concepts!r}"

@@ -56,6 +56,8 @@ def test_labelled_alike_counts_the_rows_another_concept_labels_the_same() -> Non
 def test_labelled_alike_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="num_concepts"):
         labelled_alike(torch.tensor([0]), 0, 12, 10)
+    with pytest.raises(ValueError, match="num_concepts"):
+        labelled_alike(torch.tensor([0]), 0, 2.5, 10)
     with pytest.raises(ValueError, match="concept must be"):
         labelled_alike(torch.tensor([0]), 3, 3, 10)
     with pytest.raises(ValueError, match="labels must lie"):
