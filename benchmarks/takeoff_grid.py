@@ -115,6 +115,7 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+merge+removal-k6": ("fedrc", 6, ROBUST10_MERGE_REMOVAL),
     "robust10+merge+removal+floor05": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR05),
     "robust10+merge+removal+floor10": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR10),
+    "robust10+merge+removal+floor10-k6": ("fedrc", 6, ROBUST10_MERGE_REMOVAL_FLOOR10),
     "robust10+merge+removal+floor10-late": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR10_NOLATE),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
@@ -143,6 +144,8 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job("robust10", cell, s) for cell in CELLS for s in seeds]
     floors = ("05", "10", "10-late")
     jobs += [Job(f"{both}+floor{f}", cell, s) for f in floors for cell in CELLS for s in seeds]
+    jobs += [Job(f"{both}+floor10-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
+    jobs += [Job(f"{both}+floor10", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
