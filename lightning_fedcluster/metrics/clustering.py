@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import adjusted_rand_score
 from torch import Tensor
 
@@ -33,3 +34,27 @@ def concept_shares(omega: Tensor, concept: Tensor, sizes: Tensor, num_concepts: 
     shares = torch.zeros(num_concepts, omega.shape[1], dtype=torch.float64)
     shares.index_add_(0, concept.cpu().long(), weighted)
     return shares / shares.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def misplaced_clients(groups: Tensor, concept: Tensor) -> Tensor:
+    """The clients [M] outside their concept's cluster, as sorted indices: concepts are matched
+    one-to-one to clusters (any integer labels ``groups``) so that as many clients as possible sit
+    in their concept's (Hungarian matching of the concept × cluster counts); a client in another
+    cluster, or of a concept left without one (fewer clusters than concepts), is misplaced. Names
+    the clients an ARI below 1 is about; ties between matchings go to scipy's first optimum."""
+    groups, concept = groups.cpu().long(), concept.cpu().long()
+    if groups.shape != concept.shape or groups.dim() != 1:
+        raise ValueError(
+            f"groups and concept must be one-dimensional and of one length, got {tuple(groups.shape)} "
+            f"and {tuple(concept.shape)}"
+        )
+    if groups.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    cluster_ids, cluster_of = groups.unique(return_inverse=True)
+    concept_ids, concept_of = concept.unique(return_inverse=True)
+    counts = torch.zeros(concept_ids.numel(), cluster_ids.numel(), dtype=torch.long)
+    counts.index_put_((concept_of, cluster_of), torch.ones_like(groups), accumulate=True)
+    rows, cols = linear_sum_assignment(counts.numpy(), maximize=True)
+    matched = torch.full((concept_ids.numel(),), -1, dtype=torch.long)
+    matched[torch.as_tensor(rows, dtype=torch.long)] = torch.as_tensor(cols, dtype=torch.long)
+    return (matched[concept_of] != cluster_of).nonzero().flatten()

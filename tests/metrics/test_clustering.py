@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares, grouping_ari
+from lightning_fedcluster.metrics.clustering import (
+    concept_ari,
+    concept_shares,
+    grouping_ari,
+    misplaced_clients,
+)
 
 # --- clustering metrics ------------------------------------------------------------------------
 
@@ -81,3 +86,33 @@ def test_concept_ari_is_undefined_with_one_concept() -> None:
     concept = torch.tensor([0, 0, 1])  # two concepts, but the seen clients hold only concept 0
     assert math.isnan(concept_ari(omega, concept, seen=torch.tensor([True, True, False])))
     assert not math.isnan(concept_ari(omega, concept))
+
+
+# --- misplaced clients -----------------------------------------------------------------------------
+
+
+def test_misplaced_clients_by_hand() -> None:
+    # concepts [0,0,0,1,1,1,2,2,2], clusters named freely: concept 0 -> cluster 7 (3 clients),
+    # concept 1 -> cluster 5 (2 of 3; client 5 sits in cluster 7), concept 2 -> cluster 4 (2 of 3;
+    # client 8 sits in cluster 5). Any other matching keeps fewer clients in place.
+    concept = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    groups = torch.tensor([7, 7, 7, 5, 5, 7, 4, 4, 5])
+    assert misplaced_clients(groups, concept).tolist() == [5, 8]
+    assert misplaced_clients(concept.clone(), concept).tolist() == []
+
+
+def test_misplaced_clients_more_or_fewer_clusters_than_concepts() -> None:
+    concept = torch.tensor([0, 0, 1, 1, 2, 2])
+    # four clusters: concept 1 split over clusters 1 and 3; one of its clients is misplaced
+    assert misplaced_clients(torch.tensor([0, 0, 1, 3, 2, 2]), concept).tolist() == [3]
+    # two clusters: concepts 1 and 2 share cluster 1, which only one of them can be matched to;
+    # the other concept is left without a cluster and its two clients are misplaced
+    misplaced = misplaced_clients(torch.tensor([0, 0, 1, 1, 1, 1]), concept).tolist()
+    assert misplaced in ([2, 3], [4, 5])
+    # a swapped pair between two clusters: two misplaced, whichever way the tie is matched
+    assert len(misplaced_clients(torch.tensor([0, 1, 1, 0, 2, 2]), concept)) == 2
+
+
+def test_misplaced_clients_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="one length"):
+        misplaced_clients(torch.tensor([0, 1]), torch.tensor([0, 1, 1]))

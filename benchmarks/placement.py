@@ -1,0 +1,125 @@
+"""Issue 25: which clients a take-off run places outside their concept's cluster, per seed.
+
+Reads ``takeoff_grid.py`` records (JSON lines with each round's ``owners``, the clients' largest-ω
+clusters) and the cell's ``manifest.json`` (each client's true concept). ``seeds`` prints one
+markdown row per run, as in ``benchmarks/results/takeoff.md``: the concept ARI at rounds 15, 20,
+25, 30 and the last; the take-off round (first ARI >= 0.8); how many rounds from 15 on have ARI
+>= 0.8; the misplaced clients at round 20 and the last (``metrics.misplaced_clients``: concepts
+matched one-to-one to clusters); the global accuracy (%) at rounds 25, 30, 40 and the last; the
+best-validation round and its accuracy. ``scores`` asks whether a placement by likelihood would
+do better: at each of ``--rounds``, the clients whose largest E-step score (the merge rule's
+recorded ``cluster_scores``, mean −loss − log C per cluster; runs with merging only) is not their
+concept's cluster, under that placement's own best matching.
+
+    python benchmarks/placement.py seeds RECORDS.jsonl --data-root /work/takeoff --only floor10/
+    python benchmarks/placement.py scores RECORDS.jsonl --data-root /work/takeoff --rounds 20 25 30 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_fedcluster.metrics.clustering import misplaced_clients
+
+ARI_ROUNDS = (15, 20, 25, 30)
+ACCURACY_ROUNDS = (25, 30, 40)
+TAKE_OFF_ARI = 0.8
+
+
+def concepts_of(data_root: Path, cell: str) -> torch.Tensor:
+    """The true concept of each client of a cell written by ``authors_comparison.py write``."""
+    manifest = json.loads((data_root / cell / "manifest.json").read_text())
+    return torch.tensor([client["concept"] for client in manifest["clients"]])
+
+
+def records(path: str, only: list[str]) -> list[dict[str, Any]]:
+    """The finished records whose name contains one of ``only`` (all when empty), by name."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    kept = [r for r in rows if "error" not in r and (not only or any(word in r["name"] for word in only))]
+    return sorted(kept, key=lambda r: (r["config"], r["cell"], r["seed"]))
+
+
+def named(clients: torch.Tensor) -> str:
+    return ",".join(map(str, clients.tolist())) or "–"
+
+
+def seed_row(record: dict[str, Any], concept: torch.Tensor) -> str:
+    """One markdown row: ARI, take-off, rounds at >= 0.8, misplaced clients, accuracy, best val."""
+    ari, last = record["ari"], len(record["ari"])
+    aris = " / ".join(f"{ari[r - 1]:.2f}" for r in (*ARI_ROUNDS, last) if r <= last)
+    held = sum(a >= TAKE_OFF_ARI for a in ari[ARI_ROUNDS[0] - 1 :] if not math.isnan(a))
+    counted = last - ARI_ROUNDS[0] + 1
+    owners = record["owners"]
+    misplaced = " / ".join(
+        named(misplaced_clients(torch.tensor(owners[r - 1]), concept)) for r in (20, last) if r <= last
+    )
+    scored = record["scored"]
+    accuracy = " / ".join(
+        f"{100 * scored[str(r)]['acc']:.1f}" for r in (*ACCURACY_ROUNDS, last) if str(r) in scored
+    )
+    best = f"{record['best_val_round']}, {100 * record['acc_best_val']:.1f}"
+    run = f"| {record['config']} | {record['cell']} | {record['seed']} |"
+    off = record["take_off"] or "–"
+    return f"{run} {aris} | {off} | {held} of {counted} | {misplaced} | {accuracy} | {best} |"
+
+
+def seeds(args: argparse.Namespace) -> None:
+    print(
+        "| config | cell | seed | ARI r15 / r20 / r25 / r30 / last | take-off | rounds >= 0.8 from r15 | "
+        "misplaced r20 / last | acc r25 / r30 / r40 / last | best val |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    concepts: dict[str, torch.Tensor] = {}
+    for record in records(args.records, args.only):
+        if "owners" not in record:  # records before session 35 keep only the ARI
+            print(f"| {record['config']} | {record['cell']} | {record['seed']} | not recorded (no owners) |")
+            continue
+        cell = record["cell"]
+        concepts.setdefault(cell, concepts_of(Path(args.data_root), cell))
+        print(seed_row(record, concepts[cell]))
+
+
+def scores(args: argparse.Namespace) -> None:
+    header = " | ".join(f"r{r}: by ω / by score" for r in args.rounds)
+    print(f"| config | cell | seed | {header} |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in args.rounds) + " |")
+    concepts: dict[str, torch.Tensor] = {}
+    for record in records(args.records, args.only):
+        if "merge_scores" not in record or "owners" not in record:
+            continue  # the scores are recorded only with merging on
+        cell = record["cell"]
+        concept = concepts.setdefault(cell, concepts_of(Path(args.data_root), cell))
+        by_round = {row["round"]: row["scores"] for row in record["merge_scores"]}
+        cells = []
+        for r in args.rounds:
+            if r not in by_round:
+                cells.append("–")
+                continue
+            by_omega = misplaced_clients(torch.tensor(record["owners"][r - 1]), concept)
+            by_score = misplaced_clients(torch.tensor(by_round[r]).argmax(1), concept)
+            cells.append(f"{named(by_omega)} / {named(by_score)}")
+        print(f"| {record['config']} | {cell} | {record['seed']} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    by_seed = sub.add_parser("seeds", help="one markdown row per run")
+    by_score = sub.add_parser("scores", help="misplaced clients by largest ω and by largest E-step score")
+    by_score.add_argument("--rounds", type=int, nargs="+", default=[20, 25, 30, 60])
+    for p in (by_seed, by_score):
+        p.add_argument("records", help="takeoff_grid.py's JSON lines")
+        p.add_argument("--data-root", required=True, help="authors_comparison.py write's directory")
+        p.add_argument("--only", nargs="*", default=[], help="keep runs whose name contains a word")
+    args = parser.parse_args()
+    {"seeds": seeds, "scores": scores}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
