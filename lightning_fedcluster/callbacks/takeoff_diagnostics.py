@@ -5,7 +5,8 @@ and model with ``gradients=True``) when it is.
 
 After every round (aggregated weights) it records:
 
-- ``ari``: concept ARI of the clients' argmax ω (the take-off measure);
+- ``ari``: concept ARI of the clients' argmax ω (the take-off measure), and ``misplaced``: the
+  seen clients outside their concept's cluster (``metrics.misplaced_clients``), which it is about;
 - ``model_distance``: pairwise relative parameter distances ‖θ_k − θ_l‖ / mean(‖θ_k‖, ‖θ_l‖) and
   ``model_tv``: the mean total-variation distance of two models' predictions over all rows;
 - ``margin``: each client's E-step margin, the best minus the second-best cluster's mean
@@ -52,7 +53,19 @@ from lightning_fedcluster.algorithms.signatures import (
     label_conditioned_means,
     signature_distances,
 )
-from lightning_fedcluster.metrics.clustering import concept_ari, concept_shares, grouping_ari
+from lightning_fedcluster.metrics.clustering import (
+    concept_ari,
+    concept_shares,
+    grouping_ari,
+    misplaced_clients,
+)
+
+
+def seen_misplaced(omega: Tensor, concept: Tensor, seen: Tensor) -> list[int]:
+    """The seen clients (indices among all) outside their concept's cluster by argmax ω."""
+    seen_clients = seen.cpu().nonzero().flatten()
+    groups = omega.cpu()[seen_clients].argmax(1)
+    return seen_clients[misplaced_clients(groups, concept.cpu()[seen_clients])].tolist()
 
 
 def entropy(p: Tensor, dim: int = -1) -> Tensor:
@@ -163,6 +176,7 @@ class TakeoffDiagnostics(pl.Callback):
                 grads.append(last_layer_gradients(pl_module, x, y))
         row: dict[str, Any] = {
             "ari": concept_ari(state.omega, concept, state.seen),
+            "misplaced": seen_misplaced(state.omega, concept, state.seen),
             "margin": margins,
             "gamma_entropy": gamma_h,
             "omega_entropy": omega_h,

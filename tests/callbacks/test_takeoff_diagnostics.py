@@ -11,8 +11,13 @@ import torch
 
 from lightning_fedcluster import FedRCStrategy
 from lightning_fedcluster.algorithms.protocols import label_statistics
-from lightning_fedcluster.callbacks.takeoff_diagnostics import TakeoffDiagnostics, entropy, separation
-from lightning_fedcluster.metrics import concept_ari
+from lightning_fedcluster.callbacks.takeoff_diagnostics import (
+    TakeoffDiagnostics,
+    entropy,
+    seen_misplaced,
+    separation,
+)
+from lightning_fedcluster.metrics import concept_ari, misplaced_clients
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 
@@ -39,6 +44,10 @@ def test_the_last_rounds_record_matches_a_recomputation_and_training_is_unchange
     row = diagnostics.rows[-1]
     state = module.client_state
     assert row["ari"] == concept_ari(state.omega, digits.metadata.concept, state.seen)
+    # every client has been seen (full participation): the misplaced ones are those of argmax ω
+    assert bool(state.seen.all())
+    misplaced = misplaced_clients(state.omega.argmax(1), digits.metadata.concept).tolist()
+    assert row["misplaced"] == misplaced and (misplaced == []) == (row["ari"] == 1.0)
     # Client 0's margin and entropies by hand from the final models.
     x, y = module.split("train", 0)
     losses, _ = module.evaluate_clusters(x, y)
@@ -54,6 +63,14 @@ def test_the_last_rounds_record_matches_a_recomputation_and_training_is_unchange
     path = tmp_path / "d.json"
     diagnostics.save(path)
     assert json.loads(path.read_text())[-1]["ari"] == row["ari"]
+
+
+def test_seen_misplaced_names_clients_among_all():
+    # clients 0-5, concepts [0,0,1,1,2,2], argmax ω [0,0,1,1,2,0]; client 3 not seen yet. Among the
+    # seen (0,1,2,4,5): concept 0 -> cluster 0, 1 -> 1, 2 -> 2 (client 4), so client 5 is misplaced.
+    omega = torch.nn.functional.one_hot(torch.tensor([0, 0, 1, 1, 2, 0]), 3).double() * 0.8 + 0.2 / 3
+    seen = torch.tensor([True, True, True, False, True, True])
+    assert seen_misplaced(omega, torch.tensor([0, 0, 1, 1, 2, 2]), seen) == [5]
 
 
 def test_separation_is_between_over_within():
