@@ -17,6 +17,9 @@ round) on a data set written by ``authors_comparison.py write``. Configurations:
     robust10+merge  robust10 with merges and retirement as in robust+merge
     robust10+removal  robust10 with FedRC's adaptive K (App. F) at removal_threshold=0.1
     robust10+removal25  the same from round 25 on (removal_after=25); robust10+removal15 from 15
+    robust10+merge+removal  robust10 with merges, retirement and the removal, all from round 25
+    robust10+merge+removal+floor05 / +floor10  the same with label_stats_floor 0.05 / 0.1;
+               +floor10-late without the late pass; -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
 
 Recorded per job: the concept ARI of every round, the take-off round (first round with ARI >= 0.8),
