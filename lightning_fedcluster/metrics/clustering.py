@@ -42,6 +42,11 @@ def misplaced_clients(groups: Tensor, concept: Tensor) -> Tensor:
     in their concept's (Hungarian matching of the concept × cluster counts); a client in another
     cluster, or of a concept left without one (fewer clusters than concepts), is misplaced. Names
     the clients an ARI below 1 is about; ties between matchings go to scipy's first optimum."""
+    if groups.is_floating_point() or concept.is_floating_point():
+        raise ValueError(
+            "groups and concept must be integer labels (e.g. omega.argmax(1)), got "
+            f"{groups.dtype} and {concept.dtype}"
+        )
     groups, concept = groups.cpu().long(), concept.cpu().long()
     if groups.shape != concept.shape or groups.dim() != 1:
         raise ValueError(

@@ -116,3 +116,5 @@ def test_misplaced_clients_more_or_fewer_clusters_than_concepts() -> None:
 def test_misplaced_clients_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="one length"):
         misplaced_clients(torch.tensor([0, 1]), torch.tensor([0, 1, 1]))
+    with pytest.raises(ValueError, match="integer labels"):
+        misplaced_clients(torch.tensor([[0.9, 0.1], [0.2, 0.8]]).max(1).values, torch.tensor([0, 1]))
