@@ -4,7 +4,8 @@ parallel worker processes (e.g. eight sharing one GPU), one JSON line per job.
 A job is (configuration, cell, seed): the authors' FashionMNIST-C recipe of
 ``authors_comparison.py run`` (FashionCNN, SGD lr 0.06, momentum 0.9 kept between rounds
 (``optimizer_state='persist'``), weight decay 5e-4, batch 128, one local step, every client every
-round) on a data set written by ``authors_comparison.py write``. Configurations:
+round) on a data set written by ``authors_comparison.py write`` (``takeoff_data.py`` writes all five).
+Configurations:
 
     fedrc      plain FedRC, K = 3 (today's baseline)
     group      concept grouping after round 15 with the C floor 0.01 (the screening's best)
@@ -486,7 +487,10 @@ def main() -> None:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the jobs, one JSON line each")
-    r.add_argument("--data-root", required=True, help="folder holding a1, a10, m1, m10, m10-one")
+    r.add_argument(
+        "--data-root", required=True,
+        help="folder holding a1, a10, m1, m10, m10-one (benchmarks/takeoff_data.py writes them)",
+    )  # fmt: skip
     r.add_argument("--out", required=True, help="the JSON-lines file (appended; finished jobs are skipped)")
     r.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu")
     r.add_argument("--workers", type=int, default=1, help="parallel worker processes")
