@@ -1,6 +1,6 @@
-"""benchmarks/takeoff_data.py writes the take-off cells with the recorded arguments: a1 (digits,
-the authors' skew) and a10 (Dir(1.0) per class) as their manifests say, and m10-one's command
-puts every client in concept 0."""
+"""The documented `benchmarks/takeoff_data.py` command writes the take-off cells with the
+recorded arguments: a1 (digits, the authors' skew) and a10 (Dir(1.0) per class) as their
+manifests say, and m10-one's command puts every client in concept 0."""
 
 from __future__ import annotations
 
