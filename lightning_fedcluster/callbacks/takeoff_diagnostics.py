@@ -7,6 +7,10 @@ After every round (aggregated weights) it records:
 
 - ``ari``: concept ARI of the clients' argmax ω (the take-off measure), and ``misplaced``: the
   seen clients outside their concept's cluster (``metrics.misplaced_clients``), which it is about;
+- ``model_norm`` and ``update_norm`` [K]: each global model's parameter norm and how far the
+  round moved it, ‖θ_k(t) − θ_k(t−1)‖ (``update_norm_max`` over the alive clusters): a run that
+  diverges shows it here first (a one-concept run's survivor moved 5x more a round after the
+  grouping concentrated ω, then fell to chance);
 - ``model_distance``: pairwise relative parameter distances ‖θ_k − θ_l‖ / mean(‖θ_k‖, ‖θ_l‖) and
   ``model_tv``: the mean total-variation distance of two models' predictions over all rows;
 - ``margin``: each client's E-step margin, the best minus the second-best cluster's mean
@@ -123,10 +127,18 @@ class TakeoffDiagnostics(pl.Callback):
         self.path = None if path is None else Path(path)
         self.keep_signatures = keep_signatures
         self.rows: list[dict[str, Any]] = []
+        self.round_start: list[Tensor] | None = None  # the models at the start of a recorded round
+
+    def recorded(self, round_number: int) -> bool:
+        return round_number == 1 or round_number % self.every == 0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.recorded(trainer.current_epoch + 1):
+            self.round_start = flat_models(pl_module)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         round_number = trainer.current_epoch + 1
-        if round_number != 1 and round_number % self.every:
+        if not self.recorded(round_number):
             return
         row = self.measure(trainer, pl_module)
         row["round"] = round_number
@@ -190,11 +202,15 @@ class TakeoffDiagnostics(pl.Callback):
         row["gamma_entropy_mean"] = float(torch.tensor(gamma_h).mean())
         row["omega_entropy_mean"] = float(torch.tensor(omega_h).mean())
         pairs = list(combinations(active.nonzero().flatten().tolist(), 2))
-        norms = [
-            torch.cat([t.flatten().double() for t in pl_module.cluster_tensors(k)]) for k in range(k_total)
-        ]
+        vectors = flat_models(pl_module)
+        row["model_norm"] = [float(v.norm()) for v in vectors]
+        if self.round_start is not None:
+            start_and_end = zip(self.round_start, vectors, strict=True)
+            moved = [float((end - start).norm()) for start, end in start_and_end]
+            row["update_norm"] = moved
+            row["update_norm_max"] = max(moved[k] for k in row["active_clusters"])
         distance = [
-            float((norms[a] - norms[b]).norm() / (0.5 * (norms[a].norm() + norms[b].norm())))
+            float((vectors[a] - vectors[b]).norm() / (0.5 * (vectors[a].norm() + vectors[b].norm())))
             for a, b in pairs
         ]
         tv = [float(tv_sum[a, b] / rows) for a, b in pairs]
@@ -233,6 +249,14 @@ class TakeoffDiagnostics(pl.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rows = list(state_dict.get("rows", []))
+
+
+def flat_models(pl_module: pl.LightningModule) -> list[Tensor]:
+    """Every cluster model's parameters as one float64 vector on the CPU, per cluster [K]."""
+    return [
+        torch.cat([t.detach().flatten().double().cpu() for t in pl_module.cluster_tensors(k)])
+        for k in range(pl_module.client_state.num_clusters)
+    ]
 
 
 def last_layer_gradients(pl_module: pl.LightningModule, x: Tensor, y: Tensor) -> Tensor:

@@ -65,6 +65,28 @@ def test_the_last_rounds_record_matches_a_recomputation_and_training_is_unchange
     assert json.loads(path.read_text())[-1]["ari"] == row["ari"]
 
 
+def _flat(module, k):
+    return torch.cat([t.detach().flatten().double() for t in module.cluster_tensors(k)])
+
+
+def test_update_norm_is_how_far_the_recorded_round_moved_each_model(digits):
+    # every=2 over 4 rounds records rounds 1, 2 and 4: round 4's move is from round 3's models (not
+    # from round 2's, the last recorded), which a 3-round fit of the same seed reproduces (the
+    # callback changes no weight)
+    diagnostics = TakeoffDiagnostics(every=2)
+    _, module = _fit(digits, [diagnostics], rounds=4)
+    _, after_two = _fit(digits, [], rounds=2)
+    _, after_three = _fit(digits, [], rounds=3)
+    assert [row["round"] for row in diagnostics.rows] == [1, 2, 4]
+    row = diagnostics.rows[-1]
+    moved = [float((_flat(module, k) - _flat(after_three, k)).norm()) for k in range(3)]
+    since_two = [float((_flat(module, k) - _flat(after_two, k)).norm()) for k in range(3)]
+    assert row["update_norm"] == pytest.approx(moved, rel=1e-12)
+    assert row["update_norm"] != pytest.approx(since_two, rel=1e-6)
+    assert all(m > 0 for m in moved) and row["update_norm_max"] == pytest.approx(max(moved), rel=1e-12)
+    assert row["model_norm"] == pytest.approx([float(_flat(module, k).norm()) for k in range(3)], rel=1e-12)
+
+
 def test_seen_misplaced_names_clients_among_all():
     # clients 0-5, concepts [0,0,1,1,2,2], argmax ω [0,0,1,1,2,0]; client 3 not seen yet. Among the
     # seen (0,1,2,4,5): concept 0 -> cluster 0, 1 -> 1, 2 -> 2 (client 4), so client 5 is misplaced.

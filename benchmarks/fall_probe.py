@@ -1,0 +1,137 @@
+"""Issue 25: why a run's model falls to chance after the grouping or a K event (one concept,
+K -> 1). Trains one ``takeoff_grid.py`` job and prints, per round, for each alive cluster its
+global model's parameter norm, how far the round moved it (``update_norm``, as
+``TakeoffDiagnostics`` records it), and the mean and largest norm over the clients of their
+persisted SGD momentum for it (the authors' recipe keeps momentum between rounds); the clients'
+mean largest ω; the round's training loss and accuracy; and every 5 rounds the global accuracy.
+
+Probes of the cause (diagnostics, not library options): ``--no-k-events`` runs the same grouping
+and floor without merges, retirement and removal; ``--k-events-after R`` starts all three after
+round R instead (the configuration's 25 is the round the grouping's hold ends);
+``--restart-momentum-after R`` drops every client's persisted optimizer state after round R
+(e.g. the grouping round, 15).
+
+    python benchmarks/fall_probe.py --data-root /work/takeoff --seed 2 --rounds 32
+    python benchmarks/fall_probe.py --data-root /work/takeoff --seed 2 --rounds 32 --no-k-events
+    python benchmarks/fall_probe.py --data-root /work/takeoff --seed 2 --rounds 32 --restart-momentum-after 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import takeoff_grid  # noqa: E402
+from _common import make_trainer, quiet  # noqa: E402
+from authors_comparison import authors_model, make_strategy, read  # noqa: E402
+
+from lightning_fedcluster.callbacks.takeoff_diagnostics import flat_models  # noqa: E402
+
+DEFAULT_CONFIG = "robust10+merge+removal+floor10"
+K_EVENTS = ("merge_threshold", "retire_after", "removal_threshold")  # each K event's switch
+K_EVENT_ROUNDS = ("merge_after", "retire_after", "removal_after")
+
+
+def probe_options(options: dict[str, Any], no_k_events: bool, k_events_after: int | None) -> dict[str, Any]:
+    """The configuration's options without its K events, or with each present one from round
+    ``k_events_after`` on."""
+    if no_k_events:
+        return {key: value for key, value in options.items() if key not in K_EVENTS + K_EVENT_ROUNDS}
+    if k_events_after is None:
+        return dict(options)
+    pairs = zip(K_EVENT_ROUNDS, K_EVENTS, strict=True)
+    return {**options, **{key: k_events_after for key, switch in pairs if switch in options}}
+
+
+class FallProbe(pl.Callback):
+    """Per round: model and update norms, persisted momentum norms, ω concentration, loss."""
+
+    def __init__(self, restart_after: int | None) -> None:
+        self.restart_after = restart_after
+        self.rows: list[dict[str, Any]] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.start = flat_models(module)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        state, layout = module.client_state, module.optimizer_layout
+        end = flat_models(module)
+        row: dict[str, Any] = {"round": trainer.current_epoch + 1, "clusters": {}}
+        for k in state.active.nonzero().flatten().tolist():
+            entries = layout.copy_entries(k)
+            momentum = [
+                float(torch.cat([vector[e.offset : e.offset + e.numel].float() for e in entries]).norm())
+                for vector in state.optimizer.values()
+            ]
+            row["clusters"][k] = {
+                "model_norm": float(end[k].norm()),
+                "update_norm": float((end[k] - self.start[k]).norm()),
+                "momentum_mean": sum(momentum) / max(len(momentum), 1),
+                "momentum_max": max(momentum, default=0.0),
+            }
+        row["omega_max_mean"] = float(state.omega[state.seen].max(1).values.mean())
+        row["loss"] = float(module.round_metrics.get("train/loss", float("nan")))
+        row["train_acc"] = float(module.round_metrics.get("train/acc", float("nan")))
+        if self.restart_after == row["round"]:
+            state.optimizer_started[:] = False  # every client's next step starts a fresh momentum
+            row["restarted_momentum"] = True
+        self.rows.append(row)
+        cells = "  ".join(
+            f"c{k} |θ| {c['model_norm']:.2f} |Δ| {c['update_norm']:.3f} "
+            f"m {c['momentum_mean']:.1f}/{c['momentum_max']:.1f}"
+            for k, c in row["clusters"].items()
+        )
+        note = "  (momentum restarted)" if row.get("restarted_momentum") else ""
+        print(
+            f"round {row['round']:3d}  {cells}  ω max {row['omega_max_mean']:.2f}  loss {row['loss']:.3f}  "
+            f"acc {row['train_acc']:.3f}{note}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", required=True, type=Path, help="takeoff_data.py writes it")
+    parser.add_argument("--cell", default="m10-one", choices=[*takeoff_grid.CELLS, takeoff_grid.ONE_CONCEPT])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, choices=sorted(takeoff_grid.CONFIGS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=32)
+    parser.add_argument(
+        "--no-k-events", action="store_true", help="the grouping and floor, no merge, retirement or removal"
+    )
+    parser.add_argument("--k-events-after", type=int, default=None, metavar="ROUND")
+    parser.add_argument("--restart-momentum-after", type=int, default=None, metavar="ROUND")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    args = parser.parse_args()
+    kind, k, options = takeoff_grid.CONFIGS[args.config]
+    if kind != "fedrc":
+        parser.error(f"--config {args.config} is not a FedRC configuration")
+    if args.no_k_events and args.k_events_after is not None:
+        parser.error("--no-k-events and --k-events-after contradict each other: give one")
+    options = probe_options(options, args.no_k_events, args.k_events_after)
+    quiet()
+    torch.set_num_threads(args.threads)
+    dm, global_clients, _ = read(args.data_root / args.cell)
+    torch.manual_seed(args.seed)
+    model, _ = authors_model()
+    strategy, _ = make_strategy("persist", args.seed, {**options, "executor": "loop"}, k)
+    name = f"{args.config}/{args.cell}/s{args.seed}"
+    evaluation = takeoff_grid.make_evaluation(5, options.get("label_stats_floor", 1e-8), name)
+    probe = FallProbe(args.restart_momentum_after)
+    callbacks = [evaluation(global_clients), probe]
+    trainer = make_trainer(strategy, args.rounds, validate=False, callbacks=callbacks)
+    trainer.fit(model, datamodule=dm)
+    if args.out is not None:
+        args.out.write_text(json.dumps(probe.rows))
+
+
+if __name__ == "__main__":
+    main()
