@@ -96,6 +96,23 @@ class FallProbe(pl.Callback):
         )
 
 
+def check_rounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Round arguments that would silently never act are refused before training."""
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    restart = args.restart_momentum_after
+    if restart is not None and not 1 <= restart < args.rounds:
+        parser.error(
+            f"--restart-momentum-after must be a round in 1..{args.rounds - 1} (--rounds {args.rounds}), "
+            f"got {restart}"
+        )
+    if args.k_events_after is not None and not 0 <= args.k_events_after < args.rounds:
+        parser.error(
+            f"--k-events-after must be in 0..{args.rounds - 1} (--rounds {args.rounds}), "
+            f"got {args.k_events_after}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True, type=Path, help="takeoff_data.py writes it")
@@ -116,6 +133,7 @@ def main() -> None:
         parser.error(f"--config {args.config} is not a FedRC configuration")
     if args.no_k_events and args.k_events_after is not None:
         parser.error("--no-k-events and --k-events-after contradict each other: give one")
+    check_rounds(parser, args)
     options = probe_options(options, args.no_k_events, args.k_events_after)
     quiet()
     torch.set_num_threads(args.threads)

@@ -5,6 +5,7 @@ reset fit to the bit, and without the restart it does not)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -71,3 +72,19 @@ def test_the_k_event_probes_drop_or_move_every_k_event_and_nothing_else():
     # a configuration without merges gets no merge_after
     assert probe_options({"retire_after": 25}, no_k_events=False, k_events_after=30) == {"retire_after": 30}
     assert probe_options(options, no_k_events=False, k_events_after=None) == options
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--restart-momentum-after", "40"], "--restart-momentum-after must be a round in 1..31"),
+        (["--k-events-after", "32"], "--k-events-after must be in 0..31"),
+        (["--no-k-events", "--k-events-after", "30"], "contradict each other"),
+        (["--config", "fedavg"], "is not a FedRC configuration"),
+    ],
+)
+def test_the_probe_refuses_rounds_that_would_never_act_before_training(tmp_path, flags, message):
+    command = [sys.executable, str(ROOT / "benchmarks" / "fall_probe.py"), "--data-root", str(tmp_path),
+               "--rounds", "32", *flags]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr
