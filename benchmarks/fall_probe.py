@@ -66,9 +66,11 @@ class FallProbe(pl.Callback):
         row: dict[str, Any] = {"round": trainer.current_epoch + 1, "clusters": {}}
         for k in state.active.nonzero().flatten().tolist():
             entries = layout.copy_entries(k)
-            momentum = [
+            momentum = [  # a client whose state for k does not exist (yet, or restarted) counts 0
                 float(torch.cat([vector[e.offset : e.offset + e.numel].float() for e in entries]).norm())
-                for vector in state.optimizer.values()
+                if bool(state.optimizer_started[client, k])
+                else 0.0
+                for client, vector in state.optimizer.items()
             ]
             row["clusters"][k] = {
                 "model_norm": float(end[k].norm()),
