@@ -189,8 +189,12 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             and grouping.wants_signature(context.round_index)
         ):
             grouping.record_signature(context.outputs, labels, context.active, context.extra)
-        if grouping is not None and grouping.hold and grouping.holds(context.round_index, context.extra):
-            report = held_report(context.omega.to(report.gamma), context.active, labels, context.num_classes)
+        weight = None if grouping is None or not grouping.hold else grouping.hold_weight(
+            context.round_index, context.extra
+        )
+        if weight is not None:
+            omega = context.omega.to(report.gamma)
+            report = held_report(omega, context.active, labels, context.num_classes, report.gamma, weight)
         if self.config.adam_gamma:
             report = self._adam_step(report, labels, context)
         sigma = self.noise_std(context.client)

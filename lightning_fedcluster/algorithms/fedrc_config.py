@@ -65,6 +65,10 @@ class FedRCConfig:
             margin left ungrouped goes to the cluster whose grouped clients' signatures are
             closest on average, and is held for ``group_hold`` rounds (:mod:`.grouping`; None:
             FedRC's E-step places them; needs ``group_round``).
+        group_ramp: e.g. 4, with ``group_hold``: in the first this-many held rounds a held
+            client's γ is α·ω + (1 − α)·(the E-step's γ), α = h / (group_ramp + 1) in held round h,
+            so that a cluster that had fitted only some samples is not handed 0.9 of every
+            sample at once (0: γ = ω from the first held round; below ``group_hold``).
         merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
             of the two clusters whose members' mean log-likelihood per sample differs least
             between them, when that gap is below this (nats); None: never. With grouping,
@@ -93,6 +97,7 @@ class FedRCConfig:
     group_margin: float | None = None
     group_hold: int = 0
     group_late_round: int | None = None
+    group_ramp: int = 0
     merge_threshold: float | None = None
     merge_after: int = 0
     retire_after: int | None = None
@@ -122,6 +127,7 @@ class FedRCConfig:
             ("group_margin", self.group_margin, None, "group_round", self.group_round is not None),
             ("group_hold", self.group_hold, 0, "group_round", self.group_round is not None),
             ("group_late_round", self.group_late_round, None, "group_round", self.group_round is not None),
+            ("group_ramp", self.group_ramp, 0, "group_round", self.group_round is not None),
             ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
             ("removal_after", self.removal_after, 0, "removal_threshold", self.removal_threshold is not None),
         ):
@@ -157,6 +163,7 @@ class FedRCConfig:
             self.group_margin,
             self.group_hold,
             self.group_late_round,
+            self.group_ramp,
         )
 
     @property

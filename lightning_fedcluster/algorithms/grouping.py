@@ -31,6 +31,12 @@ it, a cluster that cannot predict some labels (it lost them to the other cluster
 grouping) sends its own concept's samples of those labels elsewhere at once, never learns them,
 and the concept's clients drift out of it (measured on digits-28, ``docs/how-clusters-form.md``).
 
+``ramp`` (with ``hold``) eases a held cluster into its new weight: in the first ``ramp`` held rounds
+a grouped client's γ blends the E-step's per-sample γ with its ω, α·ω + (1 − α)·γ with
+α = h / (ramp + 1) in held round h = 1, 2, ... (then γ = ω). Without it, a cluster that had learned
+only the samples it fits (γ ≈ 0 on the others) gets 0.9 of every sample at once; its round update
+grew 5x and it died on 2 of 5 one-concept seeds (``benchmarks/results/takeoff.md``, session 40).
+
 ``late_round`` (with ``margin``) places the clients the margin left out, once the grouped clusters
 have specialised: the clients keep computing signatures until then, and after round ``late_round``
 each still-ungrouped client gets ω ``share`` on the cluster whose grouped members (by their argmax
@@ -77,7 +83,8 @@ class ConceptGrouping:
     clients whose best group score is below ``margin`` × the second best (None: every client);
     ``hold``: rounds after the grouping in which the grouped clients' γ is their ω;
     ``late_round``: after this many rounds, place the clients the margin left ungrouped (None:
-    never; needs ``margin``)."""
+    never; needs ``margin``); ``ramp``: the first held rounds in which γ blends the E-step's γ
+    with ω (0: γ = ω from the first; below ``hold``)."""
 
     group_round: int
     share: float = 0.9
@@ -85,6 +92,7 @@ class ConceptGrouping:
     margin: float | None = None
     hold: int = 0
     late_round: int | None = None
+    ramp: int = 0
 
     def __post_init__(self) -> None:
         if (
@@ -113,6 +121,16 @@ class ConceptGrouping:
             )
         if isinstance(self.hold, bool) or not isinstance(self.hold, int) or self.hold < 0:
             raise ValueError(f"group_hold must be a non-negative integer (rounds), got {self.hold!r}")
+        ramp = self.ramp
+        if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp < 0:
+            raise ValueError(f"group_ramp must be a non-negative integer (rounds), got {ramp!r}")
+        if ramp and not self.hold:
+            raise ValueError("group_ramp has no effect without group_hold: set group_hold too, or drop it")
+        if ramp >= max(self.hold, 1):
+            raise ValueError(
+                f"group_ramp={ramp} must be below group_hold={self.hold} (the held rounds that end "
+                "at γ = ω)"
+            )
         late = self.late_round
         if late is not None:
             if isinstance(late, bool) or not isinstance(late, int) or late <= self.group_round:
@@ -137,11 +155,20 @@ class ConceptGrouping:
         return entries + ((StateEntry(HELD, Scope.CLIENT),) if flagged else ())
 
     def holds(self, round_index: int, extra: dict[str, Tensor]) -> bool:
-        """Whether this client's E-step of round ``round_index`` is held (γ = ω)."""
+        """Whether this client's E-step of round ``round_index`` is held (γ towards ω)."""
+        return self.hold_weight(round_index, extra) is not None
+
+    def hold_weight(self, round_index: int, extra: dict[str, Tensor]) -> float | None:
+        """The weight α of ω in this client's held γ in round ``round_index`` (1 after the ramp),
+        or None when the round is not held for it."""
+        start = self.group_round
         if self.late_round is not None and bool(extra[HELD] == LATE):
-            return self.late_round <= round_index < self.late_round + self.hold
-        within = self.group_round <= round_index < self.group_round + self.hold
-        return within and bool(extra[HELD] > 0)
+            start = self.late_round
+        elif not bool(extra[HELD] > 0):
+            return None
+        if not start <= round_index < start + self.hold:
+            return None
+        return min(1.0, (round_index - start + 1) / (self.ramp + 1))
 
     def wants_signature(self, round_index: int) -> bool:
         last = self.group_round if self.late_round is None else self.late_round
@@ -238,12 +265,24 @@ class ConceptGrouping:
         return [SetState(HELD, flags)]
 
 
-def held_report(omega: Tensor, active: Tensor, labels: Tensor, num_classes: int) -> ClientReport:
+def held_report(
+    omega: Tensor,
+    active: Tensor,
+    labels: Tensor,
+    num_classes: int,
+    e_step_gamma: Tensor | None = None,
+    weight: float = 1.0,
+) -> ClientReport:
     """A held client's E-step: every sample's γ is the client's ω [K] (over the alive clusters),
-    ω is unchanged, and the label sums follow from that γ."""
+    or, during the ramp, weight · ω + (1 − weight) · ``e_step_gamma`` [N, K]; ω is unchanged,
+    and the label sums follow from that γ."""
     weights = omega.to(torch.float64) * active.to(device=omega.device, dtype=torch.float64)
     weights = weights / weights.sum()
     gamma = weights.expand(labels.numel(), -1).clone()
+    if weight < 1.0:
+        if e_step_gamma is None:
+            raise ValueError("a held E-step with weight < 1 blends with the E-step's γ: pass e_step_gamma")
+        gamma = weight * gamma + (1.0 - weight) * e_step_gamma.to(gamma)
     return ClientReport(gamma=gamma, omega=weights, label_sums=label_sums(gamma, labels, num_classes))
 
 

@@ -6,6 +6,7 @@ assignment, the margin, the hold after the grouping, and the late pass for the u
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -105,6 +106,16 @@ def test_options_are_checked():
         FedRC(3, group_round=3, adam_gamma=True)
     with pytest.raises(ValueError, match=r"group_share=0.5 has no effect without group_round"):
         FedRC(3, group_share=0.5)
+    for ramp in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="group_ramp must be a non-negative integer"):
+            ConceptGrouping(group_round=3, hold=4, ramp=ramp)
+    with pytest.raises(ValueError, match="group_ramp has no effect without group_hold"):
+        ConceptGrouping(group_round=3, ramp=2)
+    for ramp in (4, 5):
+        with pytest.raises(ValueError, match=f"group_ramp={ramp} must be below group_hold=4"):
+            ConceptGrouping(group_round=3, hold=4, ramp=ramp)
+    with pytest.raises(ValueError, match="group_ramp=2 has no effect without group_round"):
+        FedRC(3, group_ramp=2)
 
 
 def test_fedrc_records_the_signature_before_the_grouping_round_only():
@@ -216,6 +227,62 @@ def test_a_held_client_gives_every_sample_its_omega_over_the_alive_clusters():
     assert_close(report.label_sums, torch.stack([third, 2 * third]))
 
 
+def test_a_ramped_held_client_blends_the_e_step_gamma_with_its_omega():
+    gamma = torch.tensor([[1.0, 0.0, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 1.0]], dtype=F64)
+    report = held_report(
+        torch.tensor([0.6, 0.3, 0.1], dtype=F64),
+        torch.tensor([True, True, False]),
+        torch.tensor([0, 1, 1]),
+        2,
+        gamma,
+        0.25,
+    )
+    # 0.25 · (2/3, 1/3, 0) + 0.75 · γ, row by row; the dead cluster's γ (row 2) stays as given.
+    expected = torch.tensor(
+        [[11 / 12, 1 / 12, 0.0], [1 / 6 + 0.15, 1 / 12 + 0.6, 0.0], [1 / 6, 1 / 12, 0.75]], dtype=F64
+    )
+    assert_close(report.gamma, expected)
+    assert_close(report.omega, torch.tensor([2 / 3, 1 / 3, 0.0], dtype=F64))  # ω stays as held
+    assert_close(report.label_sums, torch.stack([expected[0], expected[1] + expected[2]]))
+    with pytest.raises(ValueError, match="pass e_step_gamma"):
+        alive = torch.ones(2, dtype=torch.bool)
+        held_report(torch.ones(2, dtype=F64), alive, torch.tensor([0]), 2, weight=0.5)
+
+
+def test_the_ramp_raises_omega_s_weight_over_its_rounds_for_both_passes():
+    rule = ConceptGrouping(group_round=2, margin=0.7, hold=4, ramp=3, late_round=5)
+    grouped, late = ({HELD: torch.tensor(flag, dtype=F64)} for flag in (GROUPED, LATE))
+    assert [rule.hold_weight(r, grouped) for r in range(1, 8)] == [None, 0.25, 0.5, 0.75, 1.0, None, None]
+    assert [rule.hold_weight(r, late) for r in range(4, 10)] == [None, 0.25, 0.5, 0.75, 1.0, None]
+    assert rule.hold_weight(3, {HELD: torch.tensor(0.0, dtype=F64)}) is None
+    # Without a ramp every held round has weight 1 (γ = ω).
+    plain = ConceptGrouping(group_round=2, hold=2)
+    assert [plain.hold_weight(r, grouped) for r in range(1, 5)] == [None, 1.0, 1.0, None]
+
+
+def test_fedrc_blends_the_e_step_gamma_in_the_ramp_rounds():
+    rule = FedRC(2, group_round=2, group_hold=3, group_ramp=1)
+    losses = torch.tensor([[0.1, 3.0], [2.0, 0.2]], dtype=F64)
+    labels = torch.tensor([0, 1])
+    omega = torch.tensor([0.9, 0.1], dtype=F64)
+    extra = {name: value[0].clone() for name, value in store(rule, 1).extra.items()}
+    extra[HELD] = torch.tensor(GROUPED, dtype=F64)
+    context = ClientContext(
+        client=0, round_index=2, num_samples=2, num_classes=2, omega=omega,
+        active=torch.ones(2, dtype=torch.bool), extra=extra,
+    )  # fmt: skip
+    report = rule.e_step(losses, labels, context, torch.zeros(2, 2, dtype=F64))
+    # Held round 1 of a 1-round ramp: γ = ½ ω + ½ (the E-step's γ with prior ω, C uniform).
+    e_step = torch.stack(
+        [omega * torch.exp(-losses[i]) / (omega * torch.exp(-losses[i])).sum() for i in range(2)]
+    )
+    assert_close(report.gamma, 0.5 * omega.expand(2, -1) + 0.5 * e_step)
+    assert_close(report.omega, omega)
+    # The next held round: γ = ω.
+    report = rule.e_step(losses, labels, replace(context, round_index=3), torch.zeros(2, 2, dtype=F64))
+    assert_close(report.gamma, omega.expand(2, -1))
+
+
 def test_fedrc_holds_only_flagged_clients_and_only_in_the_hold_rounds():
     rule = FedRC(2, group_round=2, group_hold=2)
     assert [e.name for e in rule.state_entries()] == [SIGNATURE, SIGNATURE_ROWS, HELD]
@@ -287,12 +354,13 @@ def test_after_group_round_every_client_with_a_signature_is_grouped(executor):
 
 ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
 LATE_PASS = {**ROBUST, "group_margin": 0.95, "group_late_round": 3}
+RAMP = {**ROBUST, "group_hold": 3, "group_ramp": 2}
 
 
 @pytest.mark.parametrize(
     ("grouping", "epoch"),
-    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3)],
-    ids=["before", "in-the-hold", "before-the-late-pass", "in-the-late-hold"],
+    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3), (RAMP, 2)],
+    ids=["before", "in-the-hold", "before-the-late-pass", "in-the-late-hold", "in-the-ramp"],
 )
 def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -336,11 +404,20 @@ def test_held_clients_keep_their_grouped_omega_for_the_hold_rounds_then_move():
     assert not bool((free.omega[flagged].max(1).values == 0.8).all())
     after = _grouped_fit(5, grouping=ROBUST).lightning_module.client_state
     assert not bool((after.omega[flagged].max(1).values == 0.8).all())
+    # A ramp keeps the held ω but trains on other γ: the models differ from the plain hold's.
+    ramped = _grouped_fit(4, grouping={**ROBUST, "group_ramp": 1}).lightning_module
+    assert torch.equal(ramped.client_state.extra[HELD], held.extra[HELD])
+    assert torch.equal(ramped.client_state.omega[flagged], held.omega[flagged])
+    plain = _grouped_fit(4, grouping=ROBUST).lightning_module
+    assert any(
+        not torch.equal(tensor, plain.state_dict()[name]) for name, tensor in ramped.state_dict().items()
+    )
 
 
-def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor():
+@pytest.mark.parametrize("grouping", [ROBUST, RAMP], ids=["held", "ramped"])
+def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor(grouping):
     loop, vectorized = (
-        _grouped_fit(5, executor, grouping=ROBUST).lightning_module for executor in ("loop", "vectorized")
+        _grouped_fit(5, executor, grouping=grouping).lightning_module for executor in ("loop", "vectorized")
     )
     assert loop.executor == "loop" and vectorized.executor == "vectorized"
     for name, tensor in loop.state_dict().items():
