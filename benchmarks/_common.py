@@ -288,7 +288,7 @@ def command_line() -> str:
 
 
 def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
-    """FedRC's concept-grouping options as flags (``--group-share/-assign/-margin/-hold/-late-round``;
+    """FedRC's concept-grouping options as flags (``--group-share/-assign/-margin/-hold/-late-round/-ramp``;
     ``--group-round`` is each script's own, since its help differs)."""
     parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
     parser.add_argument(
@@ -297,6 +297,7 @@ def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-margin", type=float, default=None, help="FedRC's group_margin")
     parser.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
     parser.add_argument("--group-late-round", type=int, default=None, help="FedRC's group_late_round")
+    parser.add_argument("--group-ramp", type=int, default=0, help="FedRC's group_ramp (held rounds)")
 
 
 def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -313,4 +314,6 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
         options["group_hold"] = args.group_hold
     if args.group_late_round is not None:
         options["group_late_round"] = args.group_late_round
+    if args.group_ramp:
+        options["group_ramp"] = args.group_ramp
     return options

@@ -1,0 +1,40 @@
+"""benchmarks/_common.py's grouping flags (``digits_concepts.py``, ``authors_comparison.py``): each
+flag becomes FedRCStrategy's argument of the same name, defaults are left to the strategy, and a
+ramp without a hold is refused by the strategy, naming the argument."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+
+import lightning_fedcluster as lf
+from tests.docs.markdown_blocks import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import add_grouping_arguments, grouping_options  # noqa: E402
+
+
+def _options(*flags: str) -> dict:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--group-round", type=int, default=None)
+    add_grouping_arguments(parser)
+    return grouping_options(parser.parse_args(list(flags)))
+
+
+def test_the_flags_become_the_strategy_s_grouping_arguments():
+    flags = ("--group-round", "20", "--group-assign", "mean", "--group-margin", "0.7", "--group-hold", "10",
+             "--group-late-round", "25", "--group-ramp", "4")  # fmt: skip
+    options = _options(*flags)
+    assert options == {
+        "group_round": 20, "group_share": 0.9, "group_assign": "mean", "group_margin": 0.7,
+        "group_hold": 10, "group_late_round": 25, "group_ramp": 4,
+    }  # fmt: skip
+    assert lf.FedRCStrategy(3, **options).algorithm.grouping.ramp == 4
+    assert "group_ramp" not in _options("--group-round", "20", "--group-hold", "10")
+
+
+def test_a_ramp_without_a_hold_is_refused_by_the_strategy():
+    with pytest.raises(ValueError, match="group_ramp has no effect without group_hold"):
+        lf.FedRCStrategy(3, **_options("--group-round", "20", "--group-ramp", "4"))
