@@ -189,9 +189,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             and grouping.wants_signature(context.round_index)
         ):
             grouping.record_signature(context.outputs, labels, context.active, context.extra)
-        weight = None if grouping is None or not grouping.hold else grouping.hold_weight(
-            context.round_index, context.extra
-        )
+        weight = None if grouping is None else grouping.hold_weight(context.round_index, context.extra)
         if weight is not None:
             omega = context.omega.to(report.gamma)
             report = held_report(omega, context.active, labels, context.num_classes, report.gamma, weight)

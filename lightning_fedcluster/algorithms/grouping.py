@@ -160,7 +160,9 @@ class ConceptGrouping:
 
     def hold_weight(self, round_index: int, extra: dict[str, Tensor]) -> float | None:
         """The weight α of ω in this client's held γ in round ``round_index`` (1 after the ramp),
-        or None when the round is not held for it."""
+        or None when the round is not held for it (always None without ``hold``)."""
+        if not self.hold:
+            return None
         start = self.group_round
         if self.late_round is not None and bool(extra[HELD] == LATE):
             start = self.late_round
