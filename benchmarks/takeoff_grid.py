@@ -21,6 +21,7 @@ Configurations:
     robust10+merge+removal  robust10 with merges, retirement and the removal, all from round 25
     robust10+merge+removal+floor05 / +floor10  the same with label_stats_floor 0.05 / 0.1;
                +floor10-late without the late pass; +floor10+ramp4 with group_ramp=4;
+               +ramp4+events30 the same with every K event from round 30;
                -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
 
@@ -105,6 +106,11 @@ ROBUST10_MERGE_REMOVAL_FLOOR10_NOLATE = {
 # The floor-0.1 configuration with the hold's ramp: one concept's grouped cluster, handed 0.9 of
 # every sample at once, died on 2 of 5 seeds (session 40); the ramp blends γ into the hold.
 ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4 = {**ROBUST10_MERGE_REMOVAL_FLOOR10, "group_ramp": 4}
+# The same with every K event (merge, retirement, removal) from round 30, five rounds after the
+# hold (rounds 16-25): with one concept the events of rounds 25-26 removed the two working models,
+# nobody's largest ω only because the hold kept ω as grouped (session 41).
+EVENTS30 = {"merge_after": 30, "retire_after": 30, "removal_after": 30}
+RAMP4_EVENTS30 = {**ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4, **EVENTS30}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -126,6 +132,8 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+merge+removal+floor10-k6": ("fedrc", 6, ROBUST10_MERGE_REMOVAL_FLOOR10),
     "robust10+merge+removal+floor10+ramp4": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4),
     "robust10+merge+removal+floor10+ramp4-k6": ("fedrc", 6, ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4),
+    "robust10+merge+removal+floor10+ramp4+events30": ("fedrc", 3, RAMP4_EVENTS30),
+    "robust10+merge+removal+floor10+ramp4+events30-k6": ("fedrc", 6, RAMP4_EVENTS30),
     "robust10+merge+removal+floor10-late": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR10_NOLATE),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
@@ -158,6 +166,8 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job(f"{both}+floor10", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job(f"{both}+floor10+ramp4", cell, s) for cell in (ONE_CONCEPT, *CELLS) for s in seeds]
     jobs += [Job(f"{both}+floor10+ramp4-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
+    jobs += [Job(f"{both}+floor10+ramp4+events30", ONE_CONCEPT, s) for s in seeds]
+    jobs += [Job(f"{both}+floor10+ramp4+events30-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]

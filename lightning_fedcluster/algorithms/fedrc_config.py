@@ -78,7 +78,10 @@ class FedRCConfig:
         retire_after: retirement (:mod:`.retirement`): from this round index on, after every
             round, retire the clusters that no seen client's largest ω points to, so that the
             models held are the clusters in use (None: never). With grouping, at least
-            ``group_round``; not with ``reseed_threshold``, which revives such clusters.
+            ``group_round``; not with ``reseed_threshold``, which revives such clusters. With a
+            hold, start it (and ``merge_after``, ``removal_after``) a few rounds after the hold
+            ends, e.g. ``group_round + group_hold + 5``: while ω is held as grouped, a cluster
+            nobody's largest ω points to may still be the one that fits (How clusters form).
     """
 
     use_label_stats: bool = True
