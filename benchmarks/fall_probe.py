@@ -35,19 +35,17 @@ from authors_comparison import authors_model, make_strategy, read  # noqa: E402
 from lightning_fedcluster.callbacks.takeoff_diagnostics import flat_models  # noqa: E402
 
 DEFAULT_CONFIG = "robust10+merge+removal+floor10"
-K_EVENTS = ("merge_threshold", "retire_after", "removal_threshold")  # each K event's switch
-K_EVENT_ROUNDS = ("merge_after", "retire_after", "removal_after")
 
 
 def probe_options(options: dict[str, Any], no_k_events: bool, k_events_after: int | None) -> dict[str, Any]:
     """The configuration's options without its K events, or with each present one from round
     ``k_events_after`` on."""
     if no_k_events:
-        return {key: value for key, value in options.items() if key not in K_EVENTS + K_EVENT_ROUNDS}
+        k_event_keys = takeoff_grid.K_EVENTS + takeoff_grid.K_EVENT_ROUNDS
+        return {key: value for key, value in options.items() if key not in k_event_keys}
     if k_events_after is None:
         return dict(options)
-    pairs = zip(K_EVENT_ROUNDS, K_EVENTS, strict=True)
-    return {**options, **{key: k_events_after for key, switch in pairs if switch in options}}
+    return takeoff_grid.k_events_from(options, k_events_after)
 
 
 class FallProbe(pl.Callback):

@@ -109,8 +109,18 @@ ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4 = {**ROBUST10_MERGE_REMOVAL_FLOOR10, "group
 # The same with every K event (merge, retirement, removal) from round 30, five rounds after the
 # hold (rounds 16-25): with one concept the events of rounds 25-26 removed the two working models,
 # nobody's largest ω only because the hold kept ω as grouped (session 41).
-EVENTS30 = {"merge_after": 30, "retire_after": 30, "removal_after": 30}
-RAMP4_EVENTS30 = {**ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4, **EVENTS30}
+K_EVENTS = ("merge_threshold", "retire_after", "removal_threshold")  # each K event's switch
+K_EVENT_ROUNDS = ("merge_after", "retire_after", "removal_after")  # and the round it starts from
+
+
+def k_events_from(options: dict[str, Any], first_round: int) -> dict[str, Any]:
+    """``options`` with each K event it switches on (merge, retirement, removal) starting at
+    ``first_round`` instead."""
+    pairs = zip(K_EVENT_ROUNDS, K_EVENTS, strict=True)
+    return {**options, **{key: first_round for key, switch in pairs if switch in options}}
+
+
+RAMP4_EVENTS30 = k_events_from(ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4, 30)
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
