@@ -22,7 +22,7 @@ were grouped / of them clean (25 / 15 = all). Recordings and commands: ``benchma
 
 With ``--late L ...``: the late pass (``group_late_round``) on top of ``mean m0.7`` at each listed
 round: the clients the margin left out are placed by the signatures of row L
-(``grouping.late_clusters``, the grouped clients voting with their groups). Printed: the ARI of all
+(``group_scores.late_clusters``, the grouped clients voting with their groups). Printed: the ARI of all
 clients, and how many of the left-out clients went to their concept's group (the group most of
 the concept's grouped clients are in). The rows after a recording's grouping come from its own
 run (another grouping or none), so this is a proxy for a run with the late pass.
@@ -44,7 +44,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.grouping import (
+from lightning_fedcluster.algorithms.group_scores import (
     confident,
     late_clusters,
     mean_distance_groups,

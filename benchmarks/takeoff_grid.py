@@ -121,6 +121,14 @@ def k_events_from(options: dict[str, Any], first_round: int) -> dict[str, Any]:
 
 
 RAMP4_EVENTS30 = k_events_from(ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4, 30)
+# K = 6: the clusters no group took stay to round 30 at the (1 - share) leftover ω and take the
+# samples the concept clusters fit worst; retiring them then made the concept models' updates grow
+# (session 43). Retiring them the round after the grouping (all clusters, one concept included),
+# with the grouping when it formed two or more groups (group_retire=0), and that with no cluster for
+# a group under FedRC's removal share (0.1): its clients wait for the late pass instead.
+RAMP4_EVENTS30_RETIRE15 = {**RAMP4_EVENTS30, "retire_after": 15}
+RAMP4_EVENTS30_GROUP_RETIRE = {**RAMP4_EVENTS30, "group_retire": 0.0}
+RAMP4_EVENTS30_GROUP_RETIRE10 = {**RAMP4_EVENTS30, "group_retire": 0.1}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -144,6 +152,12 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+merge+removal+floor10+ramp4-k6": ("fedrc", 6, ROBUST10_MERGE_REMOVAL_FLOOR10_RAMP4),
     "robust10+merge+removal+floor10+ramp4+events30": ("fedrc", 3, RAMP4_EVENTS30),
     "robust10+merge+removal+floor10+ramp4+events30-k6": ("fedrc", 6, RAMP4_EVENTS30),
+    "robust10+merge+removal+floor10+ramp4+events30+retire15": ("fedrc", 3, RAMP4_EVENTS30_RETIRE15),
+    "robust10+merge+removal+floor10+ramp4+events30+retire15-k6": ("fedrc", 6, RAMP4_EVENTS30_RETIRE15),
+    "robust10+merge+removal+floor10+ramp4+events30+gretire": ("fedrc", 3, RAMP4_EVENTS30_GROUP_RETIRE),
+    "robust10+merge+removal+floor10+ramp4+events30+gretire-k6": ("fedrc", 6, RAMP4_EVENTS30_GROUP_RETIRE),
+    "robust10+merge+removal+floor10+ramp4+events30+gretire10": ("fedrc", 3, RAMP4_EVENTS30_GROUP_RETIRE10),
+    "robust10+merge+removal+floor10+ramp4+events30+gretire10-k6": ("fedrc", 6, RAMP4_EVENTS30_GROUP_RETIRE10),
     "robust10+merge+removal+floor10-late": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR10_NOLATE),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
@@ -178,6 +192,10 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job(f"{both}+floor10+ramp4-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
     jobs += [Job(f"{both}+floor10+ramp4+events30", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job(f"{both}+floor10+ramp4+events30-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
+    for retire in ("retire15", "gretire", "gretire10"):
+        config = f"{both}+floor10+ramp4+events30+{retire}"
+        jobs += [Job(f"{config}-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
+        jobs += [Job(config, ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]

@@ -69,6 +69,10 @@ class FedRCConfig:
             client's γ is α·ω + (1 − α)·(the E-step's γ), α = h / (group_ramp + 1) in held round h,
             so that a cluster that had fitted only some samples is not handed 0.9 of every
             sample at once (0: γ = ω from the first held round; below ``group_hold``).
+        group_retire: K from the data, with the grouping (e.g. 0.1, with ``group_margin``): a
+            group holding less than this share of the rows gets no cluster (its clients wait for
+            the late pass), and the clusters no group went to retire when two or more groups got
+            one (:mod:`.grouping`; 0: only the latter; None: neither; needs ``group_round``).
         merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
             of the two clusters whose members' mean log-likelihood per sample differs least
             between them, when that gap is below this (nats); None: never. With grouping,
@@ -101,6 +105,7 @@ class FedRCConfig:
     group_hold: int = 0
     group_late_round: int | None = None
     group_ramp: int = 0
+    group_retire: float | None = None
     merge_threshold: float | None = None
     merge_after: int = 0
     retire_after: int | None = None
@@ -131,6 +136,7 @@ class FedRCConfig:
             ("group_hold", self.group_hold, 0, "group_round", self.group_round is not None),
             ("group_late_round", self.group_late_round, None, "group_round", self.group_round is not None),
             ("group_ramp", self.group_ramp, 0, "group_round", self.group_round is not None),
+            ("group_retire", self.group_retire, None, "group_round", self.group_round is not None),
             ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
             ("removal_after", self.removal_after, 0, "removal_threshold", self.removal_threshold is not None),
         ):
@@ -167,6 +173,7 @@ class FedRCConfig:
             self.group_hold,
             self.group_late_round,
             self.group_ramp,
+            self.group_retire,
         )
 
     @property

@@ -44,6 +44,13 @@ each still-ungrouped client gets ω ``share`` on the cluster whose grouped membe
 with ``hold`` it is then held as the first pass's clients were, for ``hold`` rounds from there.
 Without it FedRC's E-step places those clients, and on the authors' label skew it places the
 corrupted ones in the wrong clusters (``docs/how-clusters-form.md``).
+
+``retire`` (K from the data, with the grouping): a group of the margin's clients holding less than
+this share of the grouped clients' rows gets no cluster (its clients wait for the late pass, as the
+margin's others do), and the clusters no group went to are retired when two or more groups got one
+(:func:`.retirement.retire_spare` says why). A small group is typically a few corrupted clients of
+different concepts whose signatures look alike; given a cluster, FedRC's removal takes it away
+later and hands them to the concept clusters at once, where the late pass eases them in.
 """
 
 from __future__ import annotations
@@ -57,12 +64,20 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.actions import Note, Reassign, ServerAction, SetState
 from lightning_fedcluster.algorithms.client_state import CLASSES, ClientState, Scope, StateEntry
 from lightning_fedcluster.algorithms.client_turn import ClientReport
+from lightning_fedcluster.algorithms.group_scores import (
+    confident,
+    late_clusters,
+    mean_distance_groups,
+    mean_scores,
+    medoid_scores,
+    small_groups,
+)
 from lightning_fedcluster.algorithms.mixture import label_sums
+from lightning_fedcluster.algorithms.retirement import retire_spare
 from lightning_fedcluster.algorithms.server_view import ClientStoreView
 from lightning_fedcluster.algorithms.signatures import (
     canonical_labels,
     client_signature,
-    fill_unknown,
     k_medoids,
     signature_distances,
 )
@@ -84,7 +99,9 @@ class ConceptGrouping:
     ``hold``: rounds after the grouping in which the grouped clients' γ is their ω;
     ``late_round``: after this many rounds, place the clients the margin left ungrouped (None:
     never; needs ``margin``); ``ramp``: the first held rounds in which γ blends the E-step's γ
-    with ω (0: γ = ω from the first; below ``hold``)."""
+    with ω (0: γ = ω from the first; below ``hold``); ``retire``: the share of the rows below
+    which a group gets no cluster (0: every group gets one), then retire the clusters no group went
+    to, when there are at least two groups (None: neither)."""
 
     group_round: int
     share: float = 0.9
@@ -93,6 +110,7 @@ class ConceptGrouping:
     hold: int = 0
     late_round: int | None = None
     ramp: int = 0
+    retire: float | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -130,6 +148,19 @@ class ConceptGrouping:
             raise ValueError(
                 f"group_ramp={ramp} must be below group_hold={self.hold} (the held rounds that end "
                 "at γ = ω)"
+            )
+        retire = self.retire
+        if retire is not None and (
+            isinstance(retire, bool) or not isinstance(retire, (int, float)) or not 0 <= retire < 1
+        ):
+            raise ValueError(
+                f"group_retire must be a share of the rows in [0, 1) (0: retire only the clusters no "
+                f"group went to), got {retire!r}"
+            )
+        if retire and margin is None:
+            raise ValueError(
+                f"group_retire={retire} leaves small groups' clients ungrouped, which needs group_margin: "
+                "set group_margin too, or use group_retire=0"
             )
         late = self.late_round
         if late is not None:
@@ -205,22 +236,28 @@ class ConceptGrouping:
         if self.assign == "mean":
             groups = mean_distance_groups(distances, shared, groups)
         if self.margin is None:
-            omega = grouped_omega(groups, state.omega[clients], state.active, self.share)
+            taken = group_clusters(groups, state.omega[clients], state.active)
+            omega = cluster_omega(taken, state.active, self.share)
             sizes = torch.bincount(groups).tolist()
             note = Note(
                 f"round {round_index}: grouped {clients.numel()} clients by concept signature into "
                 f"{len(sizes)} groups of {sizes} clients"
             )
-            return [Reassign(clients, omega), *self._held(state, clients), note]
+            retired = retire_spare(self.retire is not None, taken, state.active)
+            return [Reassign(clients, omega), *self._held(state, clients), note, *retired]
         if self.assign == "mean":
             scores = mean_scores(distances, shared, groups)
         else:
             scores = medoid_scores(distances, groups)
         sure = confident(scores, self.margin)
+        if self.retire:
+            sure &= ~small_groups(groups, sure, rows.sum(1), self.retire)
         omega = uniform_omega(clients.numel(), state.active)
+        taken = torch.empty(0, dtype=torch.long)
         if bool(sure.any()):
             kept = canonical_labels(groups[sure])
-            omega[sure] = grouped_omega(kept, state.omega[clients][sure], state.active, self.share)
+            taken = group_clusters(kept, state.omega[clients][sure], state.active)
+            omega[sure] = cluster_omega(taken, state.active, self.share)
             sizes = torch.bincount(kept).tolist()
         else:
             sizes = []
@@ -229,7 +266,8 @@ class ConceptGrouping:
             f"signature into {len(sizes)} groups of {sizes} clients (margin {self.margin}); "
             f"{int((~sure).sum())} set to uniform ω"
         )
-        return [Reassign(clients, omega), *self._held(state, clients[sure]), note]
+        retired = retire_spare(self.retire is not None, taken, state.active)
+        return [Reassign(clients, omega), *self._held(state, clients[sure]), note, *retired]
 
     def _late_actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
         """The late pass: every seen client with a signature that no pass placed goes to the cluster
@@ -288,51 +326,6 @@ def held_report(
     return ClientReport(gamma=gamma, omega=weights, label_sums=label_sums(gamma, labels, num_classes))
 
 
-def mean_scores(distances: Tensor, weights: Tensor, groups: Tensor) -> Tensor:
-    """Each client's score per group [M, G]: the weighted mean of its distances to the group's
-    other members (weights [M, M], e.g. the labels a pair shares; pairs with weight 0 or an
-    unknown distance left out); +inf for a group with no such member."""
-    count = int(groups.max()) + 1
-    known = ~distances.isnan()
-    w = torch.where(known, weights.to(torch.float64), torch.zeros((), dtype=torch.float64))
-    w = w.masked_fill(torch.eye(w.shape[0], dtype=torch.bool, device=w.device), 0.0)
-    member = torch.nn.functional.one_hot(groups, count).to(torch.float64)  # [M, G]
-    total = (w * torch.nan_to_num(distances.to(torch.float64), nan=0.0)) @ member
-    mass = w @ member
-    return torch.where(mass > 0, total / mass.clamp_min(1e-300), torch.full_like(total, torch.inf))
-
-
-def mean_distance_groups(
-    distances: Tensor, weights: Tensor, groups: Tensor, max_iterations: int = 100
-) -> Tensor:
-    """Refine a grouping [M]: move every client to the group of the lowest :func:`mean_scores`
-    (all at once), until nothing changes (at most ``max_iterations`` times). A client with no
-    finite score keeps its group. Returns canonical labels [M]."""
-    for _ in range(max_iterations):
-        scores = mean_scores(distances, weights, groups)
-        best = scores.argmin(1)
-        moved = torch.where(scores.isfinite().any(1), best, groups)
-        if torch.equal(moved, groups):
-            break
-        groups = canonical_labels(moved)
-    return canonical_labels(groups)
-
-
-def late_clusters(
-    distances: Tensor, weights: Tensor, omega: Tensor, active: Tensor, grouped: Tensor
-) -> Tensor:
-    """The late pass's cluster [M] for each client: the alive cluster whose ``grouped`` members
-    (each in its argmax-ω cluster) have the lowest :func:`mean_scores` to it; -1 where no grouped
-    member shares a label with it. ``distances``/``weights`` [M, M], ``omega`` [M, K], ``grouped``
-    [M] bool."""
-    masked = torch.where(active.to(omega.device), omega.to(torch.float64), -torch.inf)
-    member_cluster = masked.argmax(1)
-    votes = weights.to(torch.float64) * grouped.to(torch.float64)  # only grouped members vote
-    scores = mean_scores(distances, votes, member_cluster)  # [M, up to K]
-    best = scores.argmin(1)
-    return torch.where(scores.isfinite().any(1), best, torch.full_like(best, -1))
-
-
 def cluster_omega(clusters: Tensor, active: Tensor, share: float) -> Tensor:
     """ω [n, K]: ``share`` on each client's cluster, (1 − share) spread evenly over the other alive
     clusters (all of it on the cluster when it is the only one alive)."""
@@ -346,27 +339,6 @@ def cluster_omega(clusters: Tensor, active: Tensor, share: float) -> Tensor:
     return result
 
 
-def medoid_scores(distances: Tensor, groups: Tensor) -> Tensor:
-    """Each client's distance to each group's medoid [M, G] (the member with the least total
-    distance to its group; unknown distances count as the largest known one)."""
-    filled = fill_unknown(distances.to(torch.float64))
-    count = int(groups.max()) + 1
-    member = torch.nn.functional.one_hot(groups, count).to(torch.bool)  # [M, G]
-    inside = torch.where(
-        member, filled @ member.to(torch.float64), torch.full(member.shape, torch.inf, dtype=torch.float64)
-    )
-    medoids = inside.argmin(0)  # [G]
-    return filled[:, medoids]
-
-
-def confident(scores: Tensor, margin: float) -> Tensor:
-    """[M] bool: the best score is below ``margin`` times the second best (a single group: all)."""
-    if scores.shape[1] < 2:
-        return torch.ones(scores.shape[0], dtype=torch.bool)
-    two = scores.topk(2, dim=1, largest=False).values
-    return two[:, 0] < margin * two[:, 1]
-
-
 def uniform_omega(count: int, active: Tensor) -> Tensor:
     """ω [count, K]: uniform over the alive clusters."""
     omega = active.to(torch.float64).expand(count, -1).clone()
@@ -374,9 +346,14 @@ def uniform_omega(count: int, active: Tensor) -> Tensor:
 
 
 def grouped_omega(groups: Tensor, omega: Tensor, active: Tensor, share: float) -> Tensor:
-    """ω [n, K] of the grouped clients: each group goes to a distinct alive cluster, chosen to keep
-    most of the members' current ω mass (Hungarian matching); members get ``share`` on it and
+    """ω [n, K] of the grouped clients: ``share`` on their :func:`group_clusters` cluster and
     (1 − share) spread evenly over the other alive clusters."""
+    return cluster_omega(group_clusters(groups, omega, active), active, share)
+
+
+def group_clusters(groups: Tensor, omega: Tensor, active: Tensor) -> Tensor:
+    """Each grouped client's cluster [n]: each group goes to a distinct alive cluster, chosen to
+    keep most of the members' current ω [n, K] mass (Hungarian matching)."""
     alive = active.nonzero().flatten()
     count = int(groups.max()) + 1
     mass = torch.zeros(count, alive.numel(), dtype=torch.float64)
@@ -384,4 +361,4 @@ def grouped_omega(groups: Tensor, omega: Tensor, active: Tensor, share: float) -
     rows, cols = linear_sum_assignment(mass.numpy(), maximize=True)
     cluster_of = torch.empty(count, dtype=torch.long)
     cluster_of[torch.as_tensor(rows)] = alive[torch.as_tensor(cols)]
-    return cluster_omega(cluster_of[groups], active, share)
+    return cluster_of[groups]

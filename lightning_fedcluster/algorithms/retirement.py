@@ -13,6 +13,14 @@ Whose is what: the rule "remove the clusters that are nobody's argmax" is the Fe
 over the clients seen so far, a tie going to the lowest index); the ``after`` round and the tie
 rule (a tied client owns none, so uniform ω keeps no cluster alive by its index) are ours. FedRC's
 App. F removal (``removal_threshold``) is a different test: a share of γ below δ.
+
+:func:`retire_spare` (ours; the grouping's ``retire``, ``group_retire``) retires, together with a
+concept grouping, the alive clusters no group went to. Kept to a later retirement, such a cluster
+holds only the (1 − share) of ω the grouping leaves over, and takes the samples the concept
+clusters fit worst; retired once those clusters have specialised, it hands them back at once and
+their updates grow (K = 6 on MNIST, ``benchmarks/results/takeoff.md``). A grouping into one group
+retires nothing: one concept model at full weight from the grouping on fell on one concept (same
+page), so K is then left to FedRC's E-step and the later K events.
 """
 
 from __future__ import annotations
@@ -74,3 +82,20 @@ def unowned_clusters(omega: Tensor, seen: Tensor, active: Tensor) -> Tensor:
     owned = torch.zeros_like(active)
     owned[owners] = True
     return active & ~owned
+
+
+def retire_spare(on: bool, clusters: Tensor, active: Tensor) -> list[ServerAction]:
+    """With ``on``: remove the alive clusters (``active`` [K]) that none of the grouped clients'
+    ``clusters`` [n] is, when these are at least two different clusters; else no action."""
+    taken = torch.zeros_like(active)
+    taken[clusters] = True
+    spare = active & ~taken
+    if not on or int(taken.sum()) < 2 or not bool(spare.any()):
+        return []
+    return [
+        RemoveClusters(spare),
+        Note(
+            f"concept grouping retired cluster(s) {spare.nonzero().flatten().tolist()} (no group went "
+            f"to them); {int(taken.sum())} remain"
+        ),
+    ]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.algorithms.actions import Note, Reassign, SetState
+from lightning_fedcluster.algorithms.actions import Note, Reassign, RemoveClusters, SetState
 from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import FedRC
@@ -23,13 +23,8 @@ from lightning_fedcluster.algorithms.grouping import (
     SIGNATURE,
     SIGNATURE_ROWS,
     ConceptGrouping,
-    confident,
     grouped_omega,
     held_report,
-    late_clusters,
-    mean_distance_groups,
-    mean_scores,
-    medoid_scores,
 )
 from lightning_fedcluster.algorithms.server_view import RoundOutcome
 from tests.helpers.algorithms import server_view, store
@@ -58,15 +53,22 @@ def test_one_alive_cluster_gets_all_of_the_weight():
     assert_close(result, torch.tensor([[0.0, 1.0], [0.0, 1.0]], dtype=F64))
 
 
-def _state_with_signatures() -> ClientState:
-    """Five seen clients: two signatures (label 0 predicted as 0, or as 1), two alive clusters."""
+def _state_with_signatures(
+    first: tuple[float, ...] = (0.2, 0.5, 0.3),
+    second: tuple[float, ...] = (0.5, 0.2, 0.3),
+    alike: bool = False,
+) -> ClientState:
+    """Five seen clients: two signatures (label 0 predicted as 0 by clients 0-2, or as 1 by 3 and
+    4; as 0 by all five when ``alike``), three alive clusters; ω ``first`` for clients 0-2,
+    ``second`` for 3 and 4."""
     state = ClientState.initial(5, 2, 3, ConceptGrouping(group_round=4).state_entries())
     state.seen[:] = True
-    state.extra[SIGNATURE][:3, 0] = torch.tensor([0.9, 0.1], dtype=F64)
-    state.extra[SIGNATURE][3:, 0] = torch.tensor([0.1, 0.9], dtype=F64)
+    state.extra[SIGNATURE][:, 0] = torch.tensor([0.9, 0.1], dtype=F64)
+    if not alike:
+        state.extra[SIGNATURE][3:, 0] = torch.tensor([0.1, 0.9], dtype=F64)
     state.extra[SIGNATURE_ROWS][:, 0] = 5.0
-    state.omega[:3] = torch.tensor([0.2, 0.5, 0.3], dtype=F64)
-    state.omega[3:] = torch.tensor([0.5, 0.2, 0.3], dtype=F64)
+    state.omega[:3] = torch.tensor(first, dtype=F64)
+    state.omega[3:] = torch.tensor(second, dtype=F64)
     return state
 
 
@@ -149,40 +151,6 @@ def test_fedrc_records_the_signature_before_the_grouping_round_only():
 
 # --- mean-distance assignment, margin, hold ---------------------------------------------------------
 
-NAN = float("nan")
-
-
-def test_mean_scores_weigh_each_member_by_the_labels_shared_and_skip_unknown_pairs():
-    distances = torch.tensor(
-        [[0, 0.2, 0.8, NAN], [0.2, 0, 0.6, 0.4], [0.8, 0.6, 0, 0.1], [NAN, 0.4, 0.1, 0]], dtype=F64
-    )
-    shared = torch.tensor([[3, 1, 2, 5], [1, 2, 1, 1], [2, 1, 3, 2], [5, 1, 2, 4]], dtype=F64)
-    scores = mean_scores(distances, shared, torch.tensor([0, 0, 1, 1]))
-    # Client 2 to group 0: (2 * 0.8 + 1 * 0.6) / 3; client 0 to group 1: only client 2 is known.
-    expected = torch.tensor([[0.2, 0.8], [0.2, 0.5], [2.2 / 3, 0.1], [0.4, 0.1]], dtype=F64)
-    assert_close(scores, expected)
-    # A group with no other member (or no known one) scores +inf.
-    alone = mean_scores(distances, shared, torch.tensor([0, 1, 1, 1]))
-    assert alone[0, 0] == torch.inf and alone[1, 0] == pytest.approx(0.2)
-    assert confident(scores, 0.3).tolist() == [True, False, True, True]  # 0.2 < 0.24, 0.2 >= 0.15, ...
-
-
-def test_mean_assignment_moves_a_client_that_only_its_medoid_pair_put_in_a_group():
-    # Clients 0, 1 and 3, 4 are pairs; client 2 is 0.3 from client 0 on one shared label, but 0.9
-    # from client 1 and 0.4 from clients 3 and 4 on three.
-    d = torch.full((5, 5), 0.9, dtype=F64)
-    d.fill_diagonal_(0.0)
-    d[0, 1] = d[1, 0] = d[3, 4] = d[4, 3] = 0.1
-    d[2, 0] = d[0, 2] = 0.3
-    d[2, 3] = d[3, 2] = d[2, 4] = d[4, 2] = 0.4
-    w = torch.ones(5, 5, dtype=F64)
-    w[2, 1] = w[1, 2] = w[2, 3] = w[3, 2] = w[2, 4] = w[4, 2] = 3.0
-    start = torch.tensor([0, 0, 0, 1, 1])
-    # Client 2 to group 0: (0.3 + 3 * 0.9) / 4 = 0.75, to group 1: 0.4. Then client 0 stays
-    # (0.1 against (0.3 + 0.9 + 0.9) / 3 = 0.7), client 3 too (0.9 against (3 * 0.4 + 0.1) / 4).
-    assert mean_distance_groups(d, w, start).tolist() == [0, 0, 1, 1, 1]
-    # The medoid of {0, 1, 2} is client 0 (total distance 0.4), so by medoids client 2 stays.
-    assert_close(medoid_scores(d, start)[2], torch.tensor([0.3, 0.4], dtype=F64))
 
 
 def _ambiguous_state(hold: int, late_round: int | None = None) -> tuple[ClientState, ConceptGrouping]:
@@ -355,12 +323,13 @@ def test_after_group_round_every_client_with_a_signature_is_grouped(executor):
 ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
 LATE_PASS = {**ROBUST, "group_margin": 0.95, "group_late_round": 3}
 RAMP = {**ROBUST, "group_hold": 3, "group_ramp": 2}
+RAMP_RETIRE = {**RAMP, "group_retire": 0.2}  # on this fit the grouping retires one of the 3 clusters
 
 
 @pytest.mark.parametrize(
     ("grouping", "epoch"),
-    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3), (RAMP, 2)],
-    ids=["before", "in-the-hold", "before-the-late-pass", "in-the-late-hold", "in-the-ramp"],
+    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3), (RAMP_RETIRE, 2)],
+    ids=["before", "in-the-hold", "before-the-late-pass", "in-the-late-hold", "in-the-ramp-after-retiring"],
 )
 def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -389,6 +358,8 @@ def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, ep
         ckpt_path=checkpoint,
     )
     assert_same_fit(straight, resumed)
+    if grouping is RAMP_RETIRE:
+        assert int(resumed.lightning_module.client_state.active.sum()) == 2
 
 
 def test_held_clients_keep_their_grouped_omega_for_the_hold_rounds_then_move():
@@ -427,37 +398,6 @@ def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor(gro
 
 
 # --- the late pass ---------------------------------------------------------------------------------
-
-
-def test_late_pass_picks_the_cluster_whose_grouped_members_are_closest_on_average():
-    # Clients 0, 1 grouped in cluster 1, client 2 in cluster 0 (its ω is largest on cluster 2, which
-    # is dead); clients 3 and 4 ungrouped (their own ω: argmax cluster 0).
-    d = torch.tensor(
-        [
-            [0.0, 0.1, 0.9, 0.2, 0.5],
-            [0.1, 0.0, 0.9, 0.6, 0.5],
-            [0.9, 0.9, 0.0, 0.45, 0.6],
-            [0.2, 0.6, 0.45, 0.0, 0.0],
-            [0.5, 0.5, 0.6, 0.0, 0.0],
-        ],
-        dtype=F64,
-    )
-    w = torch.ones(5, 5, dtype=F64)
-    w[3, 1] = w[1, 3] = w[3, 4] = w[4, 3] = 3.0
-    w[3, 2] = w[2, 3] = 2.0
-    omega = torch.tensor(
-        [[0.1, 0.8, 0.1], [0.1, 0.8, 0.1], [0.3, 0.2, 0.5], [0.4, 0.3, 0.3], [0.4, 0.3, 0.3]], dtype=F64
-    )
-    active = torch.tensor([True, True, False])
-    grouped = torch.tensor([True, True, True, False, False])
-    clusters = late_clusters(d, w, omega, active, grouped)
-    # Client 3: cluster 1 (1 * 0.2 + 3 * 0.6) / 4 = 0.5, cluster 0 0.45 -> 0 (unweighted: 0.4 -> 1).
-    # Client 4: cluster 1 0.5, cluster 0 0.6 -> 1; client 3 (distance 0) does not vote.
-    assert clusters[3:].tolist() == [0, 1]
-    assert late_clusters(d, torch.ones(5, 5, dtype=F64), omega, active, grouped)[3] == 1
-    # No grouped member shares a label with client 4: -1.
-    w[4, :3] = w[:3, 4] = 0.0
-    assert late_clusters(d, w, omega, active, grouped)[4] == -1
 
 
 def test_late_pass_places_the_clients_the_margin_left_out_and_holds_them_from_its_round():
@@ -507,3 +447,66 @@ def test_late_pass_is_the_same_on_the_loop_and_the_vectorised_executor():
         assert_close(vectorized.state_dict()[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
     assert_close(vectorized.client_state.omega, loop.client_state.omega, atol=1e-5, rtol=0)
     assert torch.equal(vectorized.client_state.extra[HELD], flags)
+
+
+RETIRE_OMEGA = ((0.6, 0.2, 0.2), (0.2, 0.2, 0.6))  # group {0, 1, 2} takes cluster 0, {3, 4} cluster 2
+
+
+def test_group_retire_retires_the_clusters_no_group_went_to_when_there_are_two_groups_or_more():
+    state = _state_with_signatures(*RETIRE_OMEGA)
+    rule = ConceptGrouping(group_round=4, assign="mean", retire=0.0)
+    actions = rule.actions(state, 3)
+    assert [type(a) for a in actions] == [Reassign, Note, RemoveClusters, Note]
+    reassign, remove = actions[0], actions[2]
+    assert reassign.omega.argmax(1).tolist() == [0, 0, 0, 2, 2]
+    assert remove.mask.tolist() == [False, True, False]  # no group went to cluster 1
+    state.omega[reassign.clients] = reassign.omega
+    state.remove_clusters(remove.mask)
+    # 0.9 on the group's cluster and 0.1 / 2 on each other one, renormalised over the two kept:
+    # 0.9 / (0.9 + 0.05) = 18 / 19 and 0.05 / (0.9 + 0.05) = 1 / 19.
+    expected = torch.tensor([[18 / 19, 0.0, 1 / 19]] * 3 + [[1 / 19, 0.0, 18 / 19]] * 2, dtype=F64)
+    assert_close(state.omega, expected)
+    # With the margin the same groups are sure (their best score is 0), and the same is retired.
+    margin = replace(rule, margin=0.7).actions(_state_with_signatures(*RETIRE_OMEGA), 3)
+    assert [type(a) for a in margin] == [Reassign, Note, RemoveClusters, Note]
+    assert margin[2].mask.tolist() == [False, True, False]
+    # Without the option nothing is retired; with one group (all five alike) neither.
+    without = replace(rule, retire=None).actions(_state_with_signatures(*RETIRE_OMEGA), 3)
+    assert [type(a) for a in without] == [Reassign, Note]
+    one_group = rule.actions(_state_with_signatures(*RETIRE_OMEGA, alike=True), 3)
+    assert [type(a) for a in one_group] == [Reassign, Note]
+    assert one_group[0].omega.argmax(1).unique().numel() == 1
+
+
+def test_group_retire_gives_no_cluster_to_a_group_under_its_share_of_the_rows():
+    """Three pairs of clients, each pair predicting label 0 as a different class (A, B, C), three
+    alive clusters; pairs A and B hold 20 rows each per client, pair C 5: 10 of the 90 rows."""
+    state = ClientState.initial(6, 3, 3, ConceptGrouping(group_round=4).state_entries())
+    state.seen[:] = True
+    for pair, rows in ((0, 20.0), (1, 20.0), (2, 5.0)):
+        members = slice(2 * pair, 2 * pair + 2)
+        one_hot = torch.nn.functional.one_hot(torch.tensor(pair), 3).to(F64)
+        state.extra[SIGNATURE][members, 0] = 0.1 + 0.7 * one_hot  # label 0 predicted as the pair's class
+        state.extra[SIGNATURE_ROWS][members, 0] = rows
+        state.omega[members] = 0.2 + 0.4 * one_hot
+    rule = ConceptGrouping(group_round=4, margin=0.7, retire=0.12)
+    reassign, note, remove, _ = rule.actions(state, 3)
+    assert "grouped 4 of 6 clients" in note.text
+    assert reassign.omega[:4].argmax(1).tolist() == [0, 0, 1, 1]
+    assert_close(reassign.omega[4:], torch.full((2, 3), 1 / 3, dtype=F64))  # left for the late pass
+    assert remove.mask.tolist() == [False, False, True]  # pair C's 10 / 90 = 0.111 < 0.12
+    # At a share of 0.11 pair C keeps cluster 2 and no cluster is spare.
+    kept = replace(rule, retire=0.11).actions(state, 3)
+    assert [type(a) for a in kept] == [Reassign, Note]
+    assert kept[0].omega.argmax(1).tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_group_retire_is_checked():
+    for retire in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(ValueError, match="group_retire must be a share of the rows in"):
+            ConceptGrouping(group_round=3, margin=0.7, retire=retire)
+    with pytest.raises(ValueError, match="group_retire=0.1 leaves small groups' clients ungrouped"):
+        ConceptGrouping(group_round=3, retire=0.1)
+    with pytest.raises(ValueError, match="group_retire=0.1 has no effect without group_round"):
+        FedRC(3, group_retire=0.1)
+    assert FedRC(3, group_round=3, group_retire=0).grouping.retire == 0

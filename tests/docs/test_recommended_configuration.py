@@ -1,5 +1,5 @@
 """The K-from-the-data configuration that How clusters form recommends is the one the take-off grid
-measured (``benchmarks/takeoff_grid.py``'s ``robust10+merge+removal+floor10+ramp4+events30-k6``):
+measured (``benchmarks/takeoff_grid.py``'s ``robust10+merge+removal+floor10+ramp4+events30+gretire10-k6``):
 the page's block and the grid's options name the same arguments with the same values, so neither
 can drift from the other, and the strategy takes them as given."""
 
@@ -14,7 +14,7 @@ from tests.docs.markdown_blocks import DOCS, ROOT, blocks
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import takeoff_grid  # noqa: E402
 
-MEASURED = "robust10+merge+removal+floor10+ramp4+events30-k6"
+MEASURED = "robust10+merge+removal+floor10+ramp4+events30+gretire10-k6"
 
 
 def _recommended_call() -> ast.Call:
@@ -34,5 +34,6 @@ def test_the_recommended_configuration_is_the_measured_one():
     assert (kind, num_clusters) == ("fedrc", k_start) == ("fedrc", 6)
     assert options == measured
     assert options["merge_after"] == options["retire_after"] == options["removal_after"] == 30
+    assert options["group_retire"] == options["removal_threshold"] == 0.1
     config = lf.FedRCStrategy(num_clusters, **options).algorithm.config
     assert {name: getattr(config, name) for name in options} == options

@@ -1,0 +1,90 @@
+"""Which group a client belongs to, from its signature distances to the others: plain tensors only.
+
+The concept grouping (:mod:`.grouping`) scores each client against each group by the weighted mean
+distance to the group's members (each pair weighted by the labels both hold) or by the distance to
+the group's medoid, refines k-medoids' groups by the mean score, keeps the clients whose best group
+is clearly the best (the margin), leaves out the groups too small to get a cluster, and places the
+clients left out later (the late pass). Shapes: ``distances`` and ``weights`` [M, M] (NaN: unknown
+distance), ``groups`` [M] group labels, ``omega`` [M, K], ``active`` [K].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_fedcluster.algorithms.signatures import canonical_labels, fill_unknown
+
+
+def mean_scores(distances: Tensor, weights: Tensor, groups: Tensor) -> Tensor:
+    """Each client's score per group [M, G]: the weighted mean of its distances to the group's
+    other members (weights [M, M], e.g. the labels a pair shares; pairs with weight 0 or an
+    unknown distance left out); +inf for a group with no such member."""
+    count = int(groups.max()) + 1
+    known = ~distances.isnan()
+    w = torch.where(known, weights.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    w = w.masked_fill(torch.eye(w.shape[0], dtype=torch.bool, device=w.device), 0.0)
+    member = torch.nn.functional.one_hot(groups, count).to(torch.float64)  # [M, G]
+    total = (w * torch.nan_to_num(distances.to(torch.float64), nan=0.0)) @ member
+    mass = w @ member
+    return torch.where(mass > 0, total / mass.clamp_min(1e-300), torch.full_like(total, torch.inf))
+
+
+def mean_distance_groups(
+    distances: Tensor, weights: Tensor, groups: Tensor, max_iterations: int = 100
+) -> Tensor:
+    """Refine a grouping [M]: move every client to the group of the lowest :func:`mean_scores`
+    (all at once), until nothing changes (at most ``max_iterations`` times). A client with no
+    finite score keeps its group. Returns canonical labels [M]."""
+    for _ in range(max_iterations):
+        scores = mean_scores(distances, weights, groups)
+        best = scores.argmin(1)
+        moved = torch.where(scores.isfinite().any(1), best, groups)
+        if torch.equal(moved, groups):
+            break
+        groups = canonical_labels(moved)
+    return canonical_labels(groups)
+
+
+def late_clusters(
+    distances: Tensor, weights: Tensor, omega: Tensor, active: Tensor, grouped: Tensor
+) -> Tensor:
+    """The late pass's cluster [M] for each client: the alive cluster whose ``grouped`` members
+    (each in its argmax-ω cluster) have the lowest :func:`mean_scores` to it; -1 where no grouped
+    member shares a label with it. ``distances``/``weights`` [M, M], ``omega`` [M, K], ``grouped``
+    [M] bool."""
+    masked = torch.where(active.to(omega.device), omega.to(torch.float64), -torch.inf)
+    member_cluster = masked.argmax(1)
+    votes = weights.to(torch.float64) * grouped.to(torch.float64)  # only grouped members vote
+    scores = mean_scores(distances, votes, member_cluster)  # [M, up to K]
+    best = scores.argmin(1)
+    return torch.where(scores.isfinite().any(1), best, torch.full_like(best, -1))
+
+
+def small_groups(groups: Tensor, sure: Tensor, rows: Tensor, share: float) -> Tensor:
+    """[M] bool: the ``sure`` clients whose group's sure members hold less than ``share`` of all M
+    clients' ``rows`` [M]."""
+    sure_rows = torch.zeros(int(groups.max()) + 1, dtype=torch.float64)
+    sure_rows.index_add_(0, groups[sure], rows[sure].to(torch.float64))
+    return sure & (sure_rows[groups] < share * float(rows.sum()))
+
+
+def medoid_scores(distances: Tensor, groups: Tensor) -> Tensor:
+    """Each client's distance to each group's medoid [M, G] (the member with the least total
+    distance to its group; unknown distances count as the largest known one)."""
+    filled = fill_unknown(distances.to(torch.float64))
+    count = int(groups.max()) + 1
+    member = torch.nn.functional.one_hot(groups, count).to(torch.bool)  # [M, G]
+    inside = torch.where(
+        member, filled @ member.to(torch.float64), torch.full(member.shape, torch.inf, dtype=torch.float64)
+    )
+    medoids = inside.argmin(0)  # [G]
+    return filled[:, medoids]
+
+
+def confident(scores: Tensor, margin: float) -> Tensor:
+    """[M] bool: the best score is below ``margin`` times the second best (a single group: all)."""
+    if scores.shape[1] < 2:
+        return torch.ones(scores.shape[0], dtype=torch.bool)
+    two = scores.topk(2, dim=1, largest=False).values
+    return two[:, 0] < margin * two[:, 1]
