@@ -45,12 +45,13 @@ with ``hold`` it is then held as the first pass's clients were, for ``hold`` rou
 Without it FedRC's E-step places those clients, and on the authors' label skew it places the
 corrupted ones in the wrong clusters (``docs/how-clusters-form.md``).
 
-``retire`` (K from the data, with the grouping): a group of the margin's clients holding less than
-this share of the grouped clients' rows gets no cluster (its clients wait for the late pass, as the
-margin's others do), and the clusters no group went to are retired when two or more groups got one
-(:func:`.retirement.retire_spare` says why). A small group is typically a few corrupted clients of
-different concepts whose signatures look alike; given a cluster, FedRC's removal takes it away
-later and hands them to the concept clusters at once, where the late pass eases them in.
+``retire`` (K from the data, with the grouping): a group whose sure clients hold less than this
+share of the rows of all clients with a signature gets no cluster (its clients wait for the late
+pass, as the margin's others do), and the clusters no group went to are retired when two or more
+groups got one (:func:`.retirement.retire_spare` says why). A small group is typically a few
+corrupted clients of different concepts whose signatures look alike; given a cluster, FedRC's
+removal takes it away later and hands them to the concept clusters at once, where the late pass
+eases them in.
 """
 
 from __future__ import annotations
