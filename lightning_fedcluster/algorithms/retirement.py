@@ -79,23 +79,27 @@ def unowned_clusters(omega: Tensor, seen: Tensor, active: Tensor) -> Tensor:
     owners = owners[owners >= 0]
     if owners.numel() == 0:
         return torch.zeros_like(active)
-    owned = torch.zeros_like(active)
-    owned[owners] = True
-    return active & ~owned
+    return alive_outside(owners, active)
+
+
+def alive_outside(clusters: Tensor, active: Tensor) -> Tensor:
+    """[K] bool: the alive clusters (``active`` [K]) that none of the indices ``clusters`` is."""
+    named = torch.zeros_like(active)
+    named[clusters] = True
+    return active & ~named
 
 
 def retire_spare(on: bool, clusters: Tensor, active: Tensor) -> list[ServerAction]:
     """With ``on``: remove the alive clusters (``active`` [K]) that none of the grouped clients'
     ``clusters`` [n] is, when these are at least two different clusters; else no action."""
-    taken = torch.zeros_like(active)
-    taken[clusters] = True
-    spare = active & ~taken
-    if not on or int(taken.sum()) < 2 or not bool(spare.any()):
+    spare = alive_outside(clusters, active)
+    taken = int(clusters.unique().numel())
+    if not on or taken < 2 or not bool(spare.any()):
         return []
     return [
         RemoveClusters(spare),
         Note(
             f"concept grouping retired cluster(s) {spare.nonzero().flatten().tolist()} (no group went "
-            f"to them); {int(taken.sum())} remain"
+            f"to them); {taken} remain"
         ),
     ]
