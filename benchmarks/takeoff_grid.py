@@ -21,7 +21,9 @@ Configurations:
     robust10+merge+removal  robust10 with merges, retirement and the removal, all from round 25
     robust10+merge+removal+floor05 / +floor10  the same with label_stats_floor 0.05 / 0.1;
                +floor10-late without the late pass; +floor10+ramp4 with group_ramp=4;
-               +ramp4+events30 the same with every K event from round 30;
+               +ramp4+events30 the same with every K event from round 30; +retire15 with
+               retire_after=15; +gretire / +gretire10 with group_retire 0 / 0.1 (the docs'
+               K-from-the-data block is +gretire10-k6, run on all four cells);
                -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
 
@@ -196,6 +198,8 @@ def job_list(seeds: list[int]) -> list[Job]:
         config = f"{both}+floor10+ramp4+events30+{retire}"
         jobs += [Job(f"{config}-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
         jobs += [Job(config, ONE_CONCEPT, s) for s in seeds]
+    recommended = f"{both}+floor10+ramp4+events30+gretire10-k6"  # the docs' K-from-the-data block
+    jobs += [Job(recommended, cell, s) for cell in ("a10", "a1") for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
