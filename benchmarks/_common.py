@@ -288,8 +288,8 @@ def command_line() -> str:
 
 
 def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
-    """FedRC's concept-grouping options as flags (``--group-share/-assign/-margin/-hold/-late-round/-ramp``;
-    ``--group-round`` is each script's own, since its help differs)."""
+    """FedRC's concept-grouping options as flags (``--group-share/-assign/-margin/-hold/-late-round``,
+    ``--group-ramp/-retire``; ``--group-round`` is each script's own, since its help differs)."""
     parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
     parser.add_argument(
         "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
@@ -298,6 +298,8 @@ def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-hold", type=int, default=0, help="FedRC's group_hold (rounds)")
     parser.add_argument("--group-late-round", type=int, default=None, help="FedRC's group_late_round")
     parser.add_argument("--group-ramp", type=int, default=0, help="FedRC's group_ramp (held rounds)")
+    retire_help = "FedRC's group_retire (a share of the rows; with --group-margin)"
+    parser.add_argument("--group-retire", type=float, default=None, help=retire_help)
 
 
 def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -316,4 +318,6 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
         options["group_late_round"] = args.group_late_round
     if args.group_ramp:
         options["group_ramp"] = args.group_ramp
+    if args.group_retire is not None:
+        options["group_retire"] = args.group_retire
     return options

@@ -25,16 +25,25 @@ def _options(*flags: str) -> dict:
 
 def test_the_flags_become_the_strategy_s_grouping_arguments():
     flags = ("--group-round", "20", "--group-assign", "mean", "--group-margin", "0.7", "--group-hold", "10",
-             "--group-late-round", "25", "--group-ramp", "4")  # fmt: skip
+             "--group-late-round", "25", "--group-ramp", "4", "--group-retire", "0.1")  # fmt: skip
     options = _options(*flags)
     assert options == {
         "group_round": 20, "group_share": 0.9, "group_assign": "mean", "group_margin": 0.7,
-        "group_hold": 10, "group_late_round": 25, "group_ramp": 4,
+        "group_hold": 10, "group_late_round": 25, "group_ramp": 4, "group_retire": 0.1,
     }  # fmt: skip
-    assert lf.FedRCStrategy(3, **options).algorithm.grouping.ramp == 4
+    grouping = lf.FedRCStrategy(3, **options).algorithm.grouping
+    assert (grouping.ramp, grouping.retire) == (4, 0.1)
     assert "group_ramp" not in _options("--group-round", "20", "--group-hold", "10")
+    assert "group_retire" not in _options("--group-round", "20", "--group-margin", "0.7")
+    zero = _options("--group-round", "20", "--group-margin", "0.7", "--group-retire", "0")
+    assert zero["group_retire"] == 0.0  # 0 is a setting (retire the groupless clusters), not "off"
 
 
 def test_a_ramp_without_a_hold_is_refused_by_the_strategy():
     with pytest.raises(ValueError, match="group_ramp has no effect without group_hold"):
         lf.FedRCStrategy(3, **_options("--group-round", "20", "--group-ramp", "4"))
+
+
+def test_a_retire_share_without_a_margin_is_refused_by_the_strategy():
+    with pytest.raises(ValueError, match="group_retire"):
+        lf.FedRCStrategy(3, **_options("--group-round", "20", "--group-retire", "0.1"))
