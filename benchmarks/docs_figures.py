@@ -43,6 +43,9 @@ from lightning_fedcluster.callbacks import DataSummary  # noqa: E402
 from lightning_fedcluster.datamodules import DigitsFederated  # noqa: E402
 from lightning_fedcluster.models import MLPClassifier  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import set_threads  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = {
     "FedRC": lambda: lf.FedRCStrategy(3, clients_per_round=10, local_steps=5, seed=0),
@@ -159,7 +162,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    torch.set_num_threads(1)
+    set_threads(1)  # with OMP_NUM_THREADS, or the launcher resets it to the cores
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import takeoff_grid  # noqa: E402
-from _common import make_trainer, quiet  # noqa: E402
+from _common import make_trainer, quiet, set_threads  # noqa: E402
 from authors_comparison import authors_model, make_strategy, read  # noqa: E402
 
 from lightning_fedcluster.callbacks.takeoff_diagnostics import flat_models  # noqa: E402
@@ -136,7 +136,7 @@ def main() -> None:
     check_rounds(parser, args)
     options = probe_options(options, args.no_k_events, args.k_events_after)
     quiet()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # with OMP_NUM_THREADS, or the launcher resets it to the cores
     dm, global_clients, _ = read(args.data_root / args.cell)
     torch.manual_seed(args.seed)
     model, _ = authors_model()

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import authors_comparison as ac  # noqa: E402
+from _common import set_threads  # noqa: E402
 from takeoff_grid import CONFIGS  # noqa: E402
 
 
@@ -75,7 +76,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     ac.quiet()
-    torch.set_num_threads(1)
+    set_threads(1)  # with OMP_NUM_THREADS, or the launcher resets it to the cores
     dm, _, manifest = ac.read(Path(args.data))
     _, k, options = CONFIGS[args.config]
     torch.manual_seed(args.seed)

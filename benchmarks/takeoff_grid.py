@@ -308,14 +308,14 @@ def run_job(job: Job, settings: Settings) -> dict[str, Any]:
 
 def execute(job: Job, settings: Settings) -> dict[str, Any]:
     import torch
-    from _common import make_trainer, quiet
+    from _common import make_trainer, quiet, set_threads
     from authors_comparison import authors_model, make_strategy, read
 
     from lightning_fedcluster import FedAvgStrategy
     from lightning_fedcluster.algorithms.reseed import cluster_shares
 
     quiet()
-    torch.set_num_threads(settings.threads)
+    set_threads(settings.threads)  # with OMP_NUM_THREADS, or the launcher resets it to the cores
     kind, k, options = CONFIGS[job.config]
     dm, global_clients, manifest = read(Path(settings.data_root) / job.cell)
     torch.manual_seed(job.seed)
