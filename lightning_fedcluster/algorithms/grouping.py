@@ -346,12 +346,6 @@ def uniform_omega(count: int, active: Tensor) -> Tensor:
     return omega / omega.sum(1, keepdim=True)
 
 
-def grouped_omega(groups: Tensor, omega: Tensor, active: Tensor, share: float) -> Tensor:
-    """ω [n, K] of the grouped clients: ``share`` on their :func:`group_clusters` cluster and
-    (1 − share) spread evenly over the other alive clusters."""
-    return cluster_omega(group_clusters(groups, omega, active), active, share)
-
-
 def group_clusters(groups: Tensor, omega: Tensor, active: Tensor) -> Tensor:
     """Each grouped client's cluster [n]: each group goes to a distinct alive cluster, chosen to
     keep most of the members' current ω [n, K] mass (Hungarian matching)."""

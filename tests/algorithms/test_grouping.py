@@ -23,7 +23,8 @@ from lightning_fedcluster.algorithms.grouping import (
     SIGNATURE,
     SIGNATURE_ROWS,
     ConceptGrouping,
-    grouped_omega,
+    cluster_omega,
+    group_clusters,
     held_report,
 )
 from lightning_fedcluster.algorithms.server_view import RoundOutcome
@@ -31,6 +32,11 @@ from tests.helpers.algorithms import server_view, store
 from tests.helpers.weights import assert_same_fit
 
 F64 = torch.float64
+
+
+def grouped_omega(groups, omega, active, share):
+    """The grouping's ω for grouped clients: ``share`` on the cluster their group was matched to."""
+    return cluster_omega(group_clusters(groups, omega, active), active, share)
 
 
 def test_each_group_takes_the_cluster_holding_most_of_its_members_mass():
