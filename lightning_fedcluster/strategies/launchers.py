@@ -13,6 +13,11 @@ script (``trainer.test`` after ``trainer.fit``) rely on them. It marks them as i
 (``FEDCLUSTER_LAUNCH`` = pid:port, inherited by the processes it starts), so that a process it
 starts in any other way recognises them as stale, says so, and removes them before launching.
 
+A one-process launch also keeps torch's thread count: Lightning's launchers set it to the cores
+per process (and export ``OMP_NUM_THREADS``) unless ``OMP_NUM_THREADS`` is set, which suits
+processes that share the machine, but a one-process fit is no such thing, and Lightning's own
+single-device fit leaves a user's ``torch.set_num_threads`` as it is.
+
 ``EnvironmentKeepingLaunch`` makes a strategy use these launchers. Lightning's launcher classes
 and the hook that picks one are private: ``lightning_internals.py`` names them (with a contract
 test), so this module uses only public names.
@@ -25,12 +30,14 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_fedcluster.lightning_internals import ReplacesLauncher, ScriptLaunch, SpawnLaunch, start_method
 
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 MARKER = "FEDCLUSTER_LAUNCH"
+THREADS_VARIABLE = "OMP_NUM_THREADS"  # set, Lightning's launchers leave torch's thread count as it is
 
 
 @contextlib.contextmanager
@@ -45,6 +52,15 @@ def restored_environment(names: tuple[str, ...]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def kept_threads() -> Iterator[None]:
+    """torch's thread count as the process had it, through a launch (see above); the environment
+    as found afterwards."""
+    with restored_environment((THREADS_VARIABLE,)):
+        os.environ.setdefault(THREADS_VARIABLE, str(torch.get_num_threads()))
+        yield
 
 
 def remove_stale_variables() -> None:
@@ -74,7 +90,9 @@ class KeepEnvironment:
         if self.starts_script_processes():
             os.environ[MARKER] = f"{os.getpid()}:{self.cluster_environment.main_port}"  # type: ignore[attr-defined]
             return super().launch(function, *args, trainer=trainer, **kwargs)  # type: ignore[misc]
-        with restored_environment((*LAUNCH_VARIABLES, MARKER)):
+        with restored_environment((*LAUNCH_VARIABLES, MARKER)), contextlib.ExitStack() as stack:
+            if self.single_process():
+                stack.enter_context(kept_threads())
             if self.single_process() and MARKER in os.environ:
                 # A one-process run inside a multi-process script (each process runs it alone, as
                 # Lightning's script launch runs every line in every process): not one of the ranks.

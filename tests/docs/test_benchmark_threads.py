@@ -2,7 +2,9 @@
 launcher, which (``_set_num_threads_if_needed``, called as the library's strategies launch) resets
 torch's thread count to the cores per process unless ``OMP_NUM_THREADS`` is set. A plain
 ``torch.set_num_threads`` before the fit is overridden: takeoff_grid.py's two "one-thread" workers
-each ran two threads on two cores until session 44."""
+each ran two threads on two cores until session 44. Since session 45 the library's launchers keep a
+one-process fit's thread count themselves (``tests/strategies/test_launchers.py``); the benchmarks
+still pin both, for their several-process runs."""
 
 from __future__ import annotations
 

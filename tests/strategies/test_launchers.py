@@ -268,6 +268,43 @@ def test_a_fit_leaves_the_environment_as_found_so_a_later_two_process_fit_starts
     assert "rank 0 of 2 finished" in done.stdout and "rank 1 of 2 finished" in done.stdout
 
 
+THREADS_PROBE = """
+import os
+import torch
+import lightning.pytorch as pl
+import lightning_fedcluster as lf
+from lightning_fedcluster.datamodules import DigitsFederated
+from lightning_fedcluster.models import MLPClassifier
+
+torch.set_num_threads(1)
+trainer = pl.Trainer(strategy=lf.FedAvgStrategy(local_steps=1), accelerator="cpu", devices=1, max_epochs=1,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
+trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
+variable = os.environ.get("OMP_NUM_THREADS")
+os.write(1, f"threads {torch.get_num_threads()} OMP_NUM_THREADS {variable}\\n".encode())
+"""
+
+
+def test_a_one_process_fit_keeps_the_users_thread_count_and_environment(tmp_path):
+    """Lightning's launcher set torch's threads to the cores (2 here, from the user's 1) and
+    exported OMP_NUM_THREADS=2 for the rest of the process; plain single-device Lightning does
+    neither."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_PROBE)
+    inherited = {k: v for k, v in os.environ.items() if k not in {*DISTRIBUTED_VARIABLES, "OMP_NUM_THREADS"}}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**inherited, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "threads 1 OMP_NUM_THREADS None" in done.stdout
+
+
 def test_variables_left_by_another_processs_launch_are_removed_with_a_warning(monkeypatch):
     """A process started (by other means than the launcher) from the first process of a running
     multi-process fit inherits its variables: they are stale here and removed, with a warning."""
