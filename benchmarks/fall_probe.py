@@ -9,11 +9,14 @@ Probes of the cause (diagnostics, not library options): ``--no-k-events`` runs t
 and floor without merges, retirement and removal; ``--k-events-after R`` starts all three after
 round R instead (the configuration's 25 is the round the grouping's hold ends);
 ``--restart-momentum-after R`` drops every client's persisted optimizer state after round R
-(e.g. the grouping round, 15).
+(e.g. the grouping round, 15); ``--group-hold N`` keeps ω as grouped for N rounds instead of the
+configuration's hold (e.g. 40, past the run's end: does a model fall while no client can leave it?).
 
     python benchmarks/fall_probe.py --data-root /work/takeoff --seed 2 --rounds 32
     python benchmarks/fall_probe.py --data-root /work/takeoff --seed 2 --rounds 32 --no-k-events
     python benchmarks/fall_probe.py --data-root /work/takeoff --seed 2 --rounds 32 --restart-momentum-after 15
+    python benchmarks/fall_probe.py --data-root /work/takeoff --cell a10 --seed 0 --rounds 50 \\
+        --config robust10+merge+removal+floor10+ramp4+events30+gretire10-k6 --group-hold 40
 """
 
 from __future__ import annotations
@@ -37,9 +40,13 @@ from lightning_fedcluster.callbacks.takeoff_diagnostics import flat_models  # no
 DEFAULT_CONFIG = "robust10+merge+removal+floor10"
 
 
-def probe_options(options: dict[str, Any], no_k_events: bool, k_events_after: int | None) -> dict[str, Any]:
+def probe_options(
+    options: dict[str, Any], no_k_events: bool, k_events_after: int | None, group_hold: int | None = None
+) -> dict[str, Any]:
     """The configuration's options without its K events, or with each present one from round
-    ``k_events_after`` on."""
+    ``k_events_after`` on; with ``group_hold``, that hold instead of the configuration's."""
+    if group_hold is not None:
+        options = {**options, "group_hold": group_hold}
     if no_k_events:
         k_event_keys = takeoff_grid.K_EVENTS + takeoff_grid.K_EVENT_ROUNDS
         return {key: value for key, value in options.items() if key not in k_event_keys}
@@ -125,6 +132,7 @@ def main() -> None:
     )
     parser.add_argument("--k-events-after", type=int, default=None, metavar="ROUND")
     parser.add_argument("--restart-momentum-after", type=int, default=None, metavar="ROUND")
+    parser.add_argument("--group-hold", type=int, default=None, metavar="ROUNDS", help="this hold instead")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = parser.parse_args()
@@ -134,7 +142,12 @@ def main() -> None:
     if args.no_k_events and args.k_events_after is not None:
         parser.error("--no-k-events and --k-events-after contradict each other: give one")
     check_rounds(parser, args)
-    options = probe_options(options, args.no_k_events, args.k_events_after)
+    if args.group_hold is not None and (args.group_hold < 1 or "group_round" not in options):
+        parser.error(
+            f"--group-hold must be >= 1 and needs a configuration with the grouping (group_round), "
+            f"got {args.group_hold} with --config {args.config}"
+        )
+    options = probe_options(options, args.no_k_events, args.k_events_after, args.group_hold)
     quiet()
     set_threads(args.threads)  # with OMP_NUM_THREADS, or the launcher resets it to the cores
     dm, global_clients, _ = read(args.data_root / args.cell)

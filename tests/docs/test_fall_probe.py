@@ -72,6 +72,8 @@ def test_the_k_event_probes_drop_or_move_every_k_event_and_nothing_else():
     # a configuration without merges gets no merge_after
     assert probe_options({"retire_after": 25}, no_k_events=False, k_events_after=30) == {"retire_after": 30}
     assert probe_options(options, no_k_events=False, k_events_after=None) == options
+    held = probe_options(options, no_k_events=False, k_events_after=None, group_hold=40)
+    assert held == {**options, "group_hold": 40}
 
 
 @pytest.mark.parametrize(
@@ -81,6 +83,8 @@ def test_the_k_event_probes_drop_or_move_every_k_event_and_nothing_else():
         (["--k-events-after", "32"], "--k-events-after must be in 0..31"),
         (["--no-k-events", "--k-events-after", "30"], "contradict each other"),
         (["--config", "fedavg"], "is not a FedRC configuration"),
+        (["--config", "fedrc", "--group-hold", "40"], "needs a configuration with the grouping"),
+        (["--group-hold", "0"], "--group-hold must be >= 1"),
     ],
 )
 def test_the_probe_refuses_rounds_that_would_never_act_before_training(tmp_path, flags, message):
