@@ -207,7 +207,8 @@ def job_list(seeds: list[int]) -> list[Job]:
         jobs += [Job(config, ONE_CONCEPT, s) for s in seeds]
     recommended = f"{both}+floor10+ramp4+events30+gretire10-k6"  # the docs' K-from-the-data block
     jobs += [Job(recommended, cell, s) for cell in ("a10", "a1") for s in seeds]
-    jobs += [Job(f"{both}+floor10+ramp4+gretire10+hold30-k6", "a10", s) for s in seeds]
+    held30 = f"{both}+floor10+ramp4+gretire10+hold30-k6"
+    jobs += [Job(held30, cell, s) for cell in ("a10", *MNIST_CELLS) for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
