@@ -93,11 +93,11 @@ class KeepEnvironment:
         with restored_environment((*LAUNCH_VARIABLES, MARKER)), contextlib.ExitStack() as stack:
             if self.single_process():
                 stack.enter_context(kept_threads())
-            if self.single_process() and MARKER in os.environ:
-                # A one-process run inside a multi-process script (each process runs it alone, as
-                # Lightning's script launch runs every line in every process): not one of the ranks.
-                for name in (*LAUNCH_VARIABLES, MARKER):
-                    os.environ.pop(name, None)
+                if MARKER in os.environ:
+                    # A one-process run inside a multi-process script (each process runs it alone, as
+                    # Lightning's script launch runs every line in every process): not one of the ranks.
+                    for name in (*LAUNCH_VARIABLES, MARKER):
+                        os.environ.pop(name, None)
             return super().launch(function, *args, trainer=trainer, **kwargs)  # type: ignore[misc]
 
     def starts_script_processes(self) -> bool:
