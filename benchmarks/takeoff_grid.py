@@ -24,7 +24,8 @@ Configurations:
                +ramp4+events30 the same with every K event from round 30; +retire15 with
                retire_after=15; +gretire / +gretire10 with group_retire 0 / 0.1 (the docs'
                K-from-the-data block is +gretire10-k6, run on all four cells; +gretire10+hold30-k6
-               the same with group_hold=30 and every K event from round 50);
+               the same with group_hold=30 and every K event from round 50, also from K = 3 on
+               the one-concept scenario);
                -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
 
@@ -166,6 +167,7 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+merge+removal+floor10+ramp4+events30+gretire-k6": ("fedrc", 6, RAMP4_EVENTS30_GROUP_RETIRE),
     "robust10+merge+removal+floor10+ramp4+events30+gretire10": ("fedrc", 3, RAMP4_EVENTS30_GROUP_RETIRE10),
     "robust10+merge+removal+floor10+ramp4+events30+gretire10-k6": ("fedrc", 6, RAMP4_EVENTS30_GROUP_RETIRE10),
+    "robust10+merge+removal+floor10+ramp4+gretire10+hold30": ("fedrc", 3, RAMP4_GROUP_RETIRE10_HOLD30),
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30-k6": ("fedrc", 6, RAMP4_GROUP_RETIRE10_HOLD30),
     "robust10+merge+removal+floor10-late": ("fedrc", 3, ROBUST10_MERGE_REMOVAL_FLOOR10_NOLATE),
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
@@ -209,6 +211,8 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job(recommended, cell, s) for cell in ("a10", "a1") for s in seeds]
     held30 = f"{both}+floor10+ramp4+gretire10+hold30-k6"
     jobs += [Job(held30, cell, s) for cell in ("a10", *MNIST_CELLS) for s in seeds]
+    jobs += [Job(config, ONE_CONCEPT, s) for config in (held30, held30.removesuffix("-k6")) for s in seeds]
+    jobs += [Job(held30, "a1", s) for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
