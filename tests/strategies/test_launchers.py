@@ -35,25 +35,29 @@ EXECUTORS = ["loop", "vectorized"]
 RUNS = [f"fedrc:{executor}" for executor in EXECUTORS] + STRATEGIES
 
 
-def _run(devices: int, out: Path, runs: list[str]) -> None:
+def _start(devices: int, out: Path, runs: list[str], log: Path) -> subprocess.Popen:
     # Same thread count per process in both runs: GEMM results depend on it.
     # Drop the rendezvous variables that in-process trainers of this test session exported.
     inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
     env = {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(SCRIPT), "--devices", str(devices), "--rounds", "3", "--out", str(out)]
-    done = subprocess.run(
-        [*command, "--runs", *runs], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    with log.open("w") as sink:  # a file, not a pipe: the two processes run at once
+        return subprocess.Popen(
+            [*command, "--runs", *runs], cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path]:
-    """Every run trained once on one process and once on two (one process start each: the
-    interpreter and Lightning start-up dominate a 3-round run)."""
+    """Every run trained once on one process and once on two, both at once (one process start
+    each: the interpreter and Lightning start-up dominate a 3-round run; one torch thread per
+    process, so the one-process run takes the core the two processes leave while they wait on
+    each other)."""
     root = tmp_path_factory.mktemp("distributed")
-    _run(1, root / "one", RUNS)
-    _run(2, root / "two", RUNS)
+    logs = [root / "one.log", root / "two.log"]
+    started = [_start(1, root / "one", RUNS, logs[0]), _start(2, root / "two", RUNS, logs[1])]
+    for process, log in zip(started, logs, strict=True):
+        assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
     return root / "one", root / "two"
 
 
@@ -318,11 +322,15 @@ def test_variables_left_by_another_processs_launch_are_removed_with_a_warning(mo
     assert not {*stale, MARKER} & set(os.environ)
 
 
-@pytest.mark.parametrize("marker", [f"{os.getpid()}:41883", f"{os.getppid()}:41883", "4194305:29500"])
-def test_variables_of_this_launch_or_of_another_launcher_are_kept(monkeypatch, marker):
+@pytest.mark.parametrize("launch", ["own", "parent", "other-port"])
+def test_variables_of_this_launch_or_of_another_launcher_are_kept(monkeypatch, launch):
     """This process's own launch, its parent's (a started rank), or a port another launcher set
     since (torchrun): the variables are live and stay."""
     from lightning_fedcluster.strategies.launchers import MARKER, remove_stale_variables
+
+    # The pids are read here, not at collection: parallel test workers are other processes.
+    pid = {"own": os.getpid(), "parent": os.getppid(), "other-port": 4194305}[launch]
+    marker = f"{pid}:{29500 if launch == 'other-port' else 41883}"
 
     monkeypatch.setenv("MASTER_PORT", "41883")
     monkeypatch.setenv("LOCAL_RANK", "1")
