@@ -56,8 +56,13 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("distributed")
     logs = [root / "one.log", root / "two.log"]
     started = [_start(1, root / "one", RUNS, logs[0]), _start(2, root / "two", RUNS, logs[1])]
-    for process, log in zip(started, logs, strict=True):
-        assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
+    try:
+        for process, log in zip(started, logs, strict=True):
+            assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:  # one failed or timed out: the other does not outlive the test session
+        for process in started:
+            if process.poll() is None:
+                process.kill()
     return root / "one", root / "two"
 
 
@@ -328,9 +333,10 @@ def test_variables_of_this_launch_or_of_another_launcher_are_kept(monkeypatch, l
     since (torchrun): the variables are live and stay."""
     from lightning_fedcluster.strategies.launchers import MARKER, remove_stale_variables
 
-    # The pids are read here, not at collection: parallel test workers are other processes.
-    pid = {"own": os.getpid(), "parent": os.getppid(), "other-port": 4194305}[launch]
-    marker = f"{pid}:{29500 if launch == 'other-port' else 41883}"
+    # Read here, not at collection: parallel test workers are other processes.
+    marker = {
+        "own": f"{os.getpid()}:41883", "parent": f"{os.getppid()}:41883", "other-port": "4194305:29500"
+    }[launch]
 
     monkeypatch.setenv("MASTER_PORT", "41883")
     monkeypatch.setenv("LOCAL_RANK", "1")
