@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,8 @@ def _start(devices: int, out: Path, runs: list[str], log: Path) -> subprocess.Po
     command = [sys.executable, str(SCRIPT), "--devices", str(devices), "--rounds", "3", "--out", str(out)]
     with log.open("w") as sink:  # a file, not a pipe: the two processes run at once
         return subprocess.Popen(
-            [*command, "--runs", *runs], cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT
+            [*command, "--runs", *runs], cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill reaches the started rank too
         )
 
 
@@ -59,10 +61,11 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     try:
         for process, log in zip(started, logs, strict=True):
             assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
-    finally:  # one failed or timed out: the other does not outlive the test session
+    finally:  # one failed or timed out: the other (with its started rank) does not outlive the session
         for process in started:
             if process.poll() is None:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
     return root / "one", root / "two"
 
 
