@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _takeoff import take_off_round  # noqa: E402
 from authors_comparison import read  # noqa: E402
-from takeoff_grid import CELLS  # noqa: E402
+from takeoff_configs import CELLS  # noqa: E402
 
 from lightning_fedcluster.datamodules.shifts import labelled_alike  # noqa: E402
 from lightning_fedcluster.metrics.clustering import grouping_ari  # noqa: E402

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import takeoff_grid  # noqa: E402
 from _common import make_trainer, quiet, set_threads  # noqa: E402
 from authors_comparison import authors_model, make_strategy, read  # noqa: E402
+from takeoff_configs import CELLS, CONFIGS, K_EVENT_ROUNDS, K_EVENTS, ONE_CONCEPT, k_events_from  # noqa: E402
 
 from lightning_fedcluster.callbacks.takeoff_diagnostics import flat_models  # noqa: E402
 
@@ -48,11 +49,11 @@ def probe_options(
     if group_hold is not None:
         options = {**options, "group_hold": group_hold}
     if no_k_events:
-        k_event_keys = takeoff_grid.K_EVENTS + takeoff_grid.K_EVENT_ROUNDS
+        k_event_keys = K_EVENTS + K_EVENT_ROUNDS
         return {key: value for key, value in options.items() if key not in k_event_keys}
     if k_events_after is None:
         return dict(options)
-    return takeoff_grid.k_events_from(options, k_events_after)
+    return k_events_from(options, k_events_after)
 
 
 class FallProbe(pl.Callback):
@@ -123,8 +124,8 @@ def check_rounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True, type=Path, help="takeoff_data.py writes it")
-    parser.add_argument("--cell", default="m10-one", choices=[*takeoff_grid.CELLS, takeoff_grid.ONE_CONCEPT])
-    parser.add_argument("--config", default=DEFAULT_CONFIG, choices=sorted(takeoff_grid.CONFIGS))
+    parser.add_argument("--cell", default="m10-one", choices=[*CELLS, ONE_CONCEPT])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, choices=sorted(CONFIGS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=32)
     parser.add_argument(
@@ -136,7 +137,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = parser.parse_args()
-    kind, k, options = takeoff_grid.CONFIGS[args.config]
+    kind, k, options = CONFIGS[args.config]
     if kind != "fedrc":
         parser.error(f"--config {args.config} is not a FedRC configuration")
     if args.no_k_events and args.k_events_after is not None:

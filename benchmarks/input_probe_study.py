@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import authors_comparison as ac  # noqa: E402
 from _common import set_threads  # noqa: E402
-from takeoff_grid import CONFIGS  # noqa: E402
+from takeoff_configs import CONFIGS  # noqa: E402
 
 
 def probe_loss(

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from authors_comparison import read  # noqa: E402
-from takeoff_grid import CELLS  # noqa: E402
+from takeoff_configs import CELLS  # noqa: E402
 
 
 def coverage(data: Path, rare: float) -> list[tuple[int, list[int], float, float]]:

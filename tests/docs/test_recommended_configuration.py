@@ -1,5 +1,5 @@
 """The K-from-the-data configuration that How clusters form recommends is the one the take-off grid
-measured (``benchmarks/takeoff_grid.py``'s ``robust10+merge+removal+floor10+ramp4+events30+gretire10-k6``):
+measured (``benchmarks/takeoff_configs.py``'s ``robust10+merge+removal+floor10+ramp4+events30+gretire10-k6``):
 the page's block and the grid's options name the same arguments with the same values, so neither
 can drift from the other, and the strategy takes them as given."""
 
@@ -12,7 +12,7 @@ import lightning_fedcluster as lf
 from tests.docs.markdown_blocks import DOCS, ROOT, blocks
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import takeoff_grid  # noqa: E402
+import takeoff_configs  # noqa: E402
 
 MEASURED = "robust10+merge+removal+floor10+ramp4+events30+gretire10-k6"
 
@@ -30,7 +30,7 @@ def test_the_recommended_configuration_is_the_measured_one():
     call = _recommended_call()
     num_clusters = ast.literal_eval(call.args[0])
     options = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    kind, k_start, measured = takeoff_grid.CONFIGS[MEASURED]
+    kind, k_start, measured = takeoff_configs.CONFIGS[MEASURED]
     assert (kind, num_clusters) == ("fedrc", k_start) == ("fedrc", 6)
     assert options == measured
     assert options["merge_after"] == options["retire_after"] == options["removal_after"] == 30
