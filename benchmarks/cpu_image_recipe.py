@@ -43,7 +43,7 @@ from _common import (
     set_threads,
 )
 from _takeoff import TAKE_OFF_ARI, take_off_round
-from authors_comparison import DATASETS, SOURCES
+from authors_data import DATASETS, SOURCES
 
 from lightning_fedcluster import ClusteredModule, FederatedDataModule, FedRCStrategy
 from lightning_fedcluster.models import FashionCNN
