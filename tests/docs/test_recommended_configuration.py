@@ -1,5 +1,5 @@
 """The K-from-the-data configuration that How clusters form recommends is the one the take-off grid
-measured (``benchmarks/takeoff_configs.py``'s ``robust10+merge+removal+floor10+ramp4+events30+gretire10-k6``):
+measured (``benchmarks/takeoff_configs.py``'s ``robust10+merge+removal+floor10+ramp4+gretire10+hold30-k6``):
 the page's block and the grid's options name the same arguments with the same values, so neither
 can drift from the other, and the strategy takes them as given."""
 
@@ -14,12 +14,12 @@ from tests.docs.markdown_blocks import DOCS, ROOT, blocks
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import takeoff_configs  # noqa: E402
 
-MEASURED = "robust10+merge+removal+floor10+ramp4+events30+gretire10-k6"
+MEASURED = "robust10+merge+removal+floor10+ramp4+gretire10+hold30-k6"
 
 
 def _recommended_call() -> ast.Call:
     page = DOCS / "how-clusters-form.md"
-    found = [b for b in blocks(page) if b.runs and "merge_after=30" in b.code]
+    found = [b for b in blocks(page) if b.runs and "merge_after=50" in b.code]
     assert len(found) == 1, "How clusters form should hold one block with the recommended configuration"
     (statement,) = ast.parse(found[0].code).body
     assert isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call)
@@ -33,7 +33,8 @@ def test_the_recommended_configuration_is_the_measured_one():
     kind, k_start, measured = takeoff_configs.CONFIGS[MEASURED]
     assert (kind, num_clusters) == ("fedrc", k_start) == ("fedrc", 6)
     assert options == measured
-    assert options["merge_after"] == options["retire_after"] == options["removal_after"] == 30
+    assert options["merge_after"] == options["retire_after"] == options["removal_after"] == 50
+    assert options["group_round"] + options["group_hold"] == 45  # the K events: five rounds after the hold
     assert options["group_retire"] == options["removal_threshold"] == 0.1
     config = lf.FedRCStrategy(num_clusters, **options).algorithm.config
     assert {name: getattr(config, name) for name in options} == options

@@ -1,6 +1,6 @@
 """The take-off grid's job list names only configurations it defines, each job once, and the
-30-round hold that How clusters form describes is the recommended block with ``group_hold=30`` and
-every K event from round 50, nothing else changed."""
+30-round hold that How clusters form recommends is the block it recommended before (hold 10, K events
+from round 30) with ``group_hold=30`` and every K event from round 50, nothing else changed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from takeoff_configs import CONFIGS, K_EVENT_ROUNDS, job_list  # noqa: E402
 
 HOLD30 = "robust10+merge+removal+floor10+ramp4+gretire10+hold30"
-RECOMMENDED = "robust10+merge+removal+floor10+ramp4+events30+gretire10"
+HOLD10 = "robust10+merge+removal+floor10+ramp4+events30+gretire10"
 
 
 def test_every_job_names_a_defined_configuration_once():
@@ -30,12 +30,12 @@ def test_the_grid_lists_its_jobs_from_the_configurations_module(tmp_path):
     assert f"{HOLD30}-k6/a10/s0" not in listed
 
 
-def test_the_30_round_hold_is_the_recommended_block_held_longer():
+def test_the_30_round_hold_is_the_10_round_block_held_longer():
     kind, k_start, held = CONFIGS[f"{HOLD30}-k6"]
-    _, _, recommended = CONFIGS[f"{RECOMMENDED}-k6"]
+    _, _, hold10 = CONFIGS[f"{HOLD10}-k6"]
     assert (kind, k_start) == ("fedrc", 6)
     assert CONFIGS[HOLD30] == ("fedrc", 3, held)
-    changed = {key for key in held.keys() | recommended.keys() if held.get(key) != recommended.get(key)}
+    changed = {key for key in held.keys() | hold10.keys() if held.get(key) != hold10.get(key)}
     assert changed == {"group_hold", *K_EVENT_ROUNDS}
-    assert held["group_hold"] == 30 and recommended["group_hold"] == 10
+    assert held["group_hold"] == 30 and hold10["group_hold"] == 10
     assert all(held[key] == 50 for key in K_EVENT_ROUNDS)
