@@ -21,6 +21,7 @@ from _common import command_line
 
 from lightning_fedcluster.datamodules import build_clients, partition, shifts
 from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
+from lightning_fedcluster.engine.verified_files import atomic_write
 
 NUM_CLASSES = 10
 SIDE = 28
@@ -148,7 +149,7 @@ def to_uint8(x: torch.Tensor) -> np.ndarray:
 def save(path: Path, images: np.ndarray, labels: np.ndarray, type_code: int) -> str:
     record = {"images": images.astype(np.uint8), "labels": labels.astype(np.uint8), "type": int(type_code)}
     data = pickle.dumps(record)
-    path.write_bytes(data)
+    atomic_write(path, lambda file: file.write(data))  # a crash leaves no half-written client file
     return hashlib.sha256(data).hexdigest()
 
 
@@ -209,7 +210,8 @@ def write(args: argparse.Namespace) -> None:
         "sha256": hashes,
         "command": command_line(),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    text = json.dumps(manifest, indent=1).encode()
+    atomic_write(out / "manifest.json", lambda file: file.write(text))  # last: it vouches for the rest
     counts = np.bincount([c["concept"] for c in clients], minlength=args.concepts)
     corrupted = [
         sum(c["feature_style"] != "clean" for c in clients if c["concept"] == k) for k in range(args.concepts)
