@@ -184,8 +184,9 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job(held30, "a1", s) for s in seeds]
     held20 = held30.replace("hold30", "hold20")
     jobs += [Job(held20, cell, s) for cell in ("a1", "a10") for s in seeds]
-    jobs += [Job(held20, cell, s) for s in seeds for cell in MNIST_CELLS]  # seed-major: a partial grid stays
-    jobs += [Job(held20, ONE_CONCEPT, s) for s in seeds]  # balanced across the cells
+    # seed-major, so a grid stopped early keeps the MNIST cells at the same number of seeds
+    jobs += [Job(held20, cell, s) for s in seeds for cell in MNIST_CELLS]
+    jobs += [Job(held20, ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]
