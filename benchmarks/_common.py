@@ -289,7 +289,8 @@ def command_line() -> str:
 
 def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     """FedRC's concept-grouping options as flags (``--group-share/-assign/-margin/-hold/-late-round``,
-    ``--group-ramp/-retire``; ``--group-round`` is each script's own, since its help differs)."""
+    ``--group-ramp/-retire/-release/-release-rounds``; ``--group-round`` is each script's own, since
+    its help differs)."""
     parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
     parser.add_argument(
         "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
@@ -300,14 +301,21 @@ def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-ramp", type=int, default=0, help="FedRC's group_ramp (held rounds)")
     retire_help = "FedRC's group_retire (a share of the rows; with --group-margin)"
     parser.add_argument("--group-retire", type=float, default=None, help=retire_help)
+    release_help = "FedRC's group_release (nats per sample; with --group-hold)"
+    parser.add_argument("--group-release", type=float, default=None, help=release_help)
+    rounds_help = "FedRC's group_release_rounds (held rounds in a row)"
+    parser.add_argument("--group-release-rounds", type=int, default=None, help=rounds_help)
 
 
 def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
-    """FedRCStrategy's grouping arguments from the flags of :func:`add_grouping_arguments` (none
-    without ``--group-round``; the defaults are left out, so the strategy's own apply)."""
-    if args.group_round is None:
-        return {}
-    options: dict[str, Any] = {"group_round": args.group_round, "group_share": args.group_share}
+    """FedRCStrategy's grouping arguments from the flags of :func:`add_grouping_arguments` (the
+    defaults are left out, so the strategy's own apply; a flag given without ``--group-round`` is
+    passed on, and the strategy refuses it by name)."""
+    options: dict[str, Any] = {}
+    if args.group_round is not None:
+        options["group_round"] = args.group_round
+    if args.group_round is not None or args.group_share != 0.9:
+        options["group_share"] = args.group_share
     if args.group_assign != "medoid":
         options["group_assign"] = args.group_assign
     if args.group_margin is not None:
@@ -320,4 +328,8 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
         options["group_ramp"] = args.group_ramp
     if args.group_retire is not None:
         options["group_retire"] = args.group_retire
+    if args.group_release is not None:
+        options["group_release"] = args.group_release
+    if args.group_release_rounds is not None:
+        options["group_release_rounds"] = args.group_release_rounds
     return options

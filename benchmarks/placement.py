@@ -9,10 +9,17 @@ matched one-to-one to clusters); the global accuracy (%) at rounds 25, 30, 40 an
 best-validation round and its accuracy. ``scores`` asks whether a placement by likelihood would
 do better: at each of ``--rounds``, the clients whose largest E-step score (the merge rule's
 recorded ``cluster_scores``, mean −loss − log C per cluster; runs with merging only) is not their
-concept's cluster, under that placement's own best matching.
+concept's cluster, under that placement's own best matching. ``release`` screens a per-client
+release of the grouping's hold without training: in each held round, a client's margin is its best
+score under another cluster minus its score under its own (clusters that own a client only); a
+release at margin m would free the clients whose margin exceeds m (in ``--in-a-row`` held rounds
+in a row). It prints, per cell and m, how
+many of the clients misplaced during the hold and how many placed right such a rule would free,
+and the chance that a misplaced client-round's margin exceeds a right one's (AUC; 0.5 is chance).
 
     python benchmarks/placement.py seeds RECORDS.jsonl --data-root /work/takeoff --only floor10/
     python benchmarks/placement.py scores RECORDS.jsonl --data-root /work/takeoff --rounds 20 25 30 60
+    python benchmarks/placement.py release RECORDS.jsonl --data-root /work/takeoff --only hold30-k6/
 """
 
 from __future__ import annotations
@@ -110,18 +117,89 @@ def scores(args: argparse.Namespace) -> None:
         print(f"| {record['config']} | {cell} | {record['seed']} | " + " | ".join(cells) + " |")
 
 
+def hold_margins(
+    record: dict[str, Any], concept: torch.Tensor, in_a_row: int
+) -> tuple[list[float], list[float], dict]:
+    """The margins of every held round's client-rounds, misplaced and placed right, and per client
+    its largest margin held for ``in_a_row`` rounds in a row (the largest over windows of the
+    window's smallest) and whether it was ever misplaced in the rounds in which every
+    grouped client is held, from the late pass's (or the grouping's) round + 1 to ``group_round`` +
+    ``group_hold`` (1-based)."""
+    options = record["options"]
+    start = options.get("group_late_round") or options["group_round"]
+    hold = options["group_round"] + options["group_hold"] - start
+    by_round = {row["round"]: torch.tensor(row["scores"]) for row in record["merge_scores"]}
+    wrong, right, history, misplaced_once = [], [], {}, set()
+    for r in range(start + 1, start + hold + 1):
+        owners = torch.tensor(record["owners"][r - 1])
+        misplaced = set(misplaced_clients(owners, concept).tolist())
+        scores = by_round[r]
+        owning = torch.zeros(scores.shape[1], dtype=torch.bool)
+        owning[owners.unique()] = True
+        for client, own in enumerate(owners.tolist()):
+            others = scores[client].masked_fill(~owning, -math.inf)
+            others[own] = -math.inf
+            margin = float(others.max() - scores[client, own])
+            (wrong if client in misplaced else right).append(margin)
+            history.setdefault(client, []).append(margin)
+        misplaced_once |= misplaced
+    largest = {
+        client: (
+            max(min(margins[i : i + in_a_row]) for i in range(len(margins) - in_a_row + 1)),
+            client in misplaced_once,
+        )
+        for client, margins in history.items()
+    }
+    return wrong, right, largest
+
+
+def release(args: argparse.Namespace) -> None:
+    pooled: dict[str, list] = {}
+    concepts: dict[str, torch.Tensor] = {}
+    for record in records(args.records, args.only):
+        if "merge_scores" not in record or not record["options"].get("group_hold"):
+            continue  # the scores are recorded only with merging on; a release needs a hold
+        cell = record["cell"]
+        concept = concepts.setdefault(cell, concepts_of(Path(args.data_root), cell))
+        if concept.unique().numel() < 2:
+            continue  # one concept: nobody is misplaced
+        wrong, right, largest = hold_margins(record, concept, args.in_a_row)
+        entry = pooled.setdefault(cell, [[], [], [], 0])
+        entry[0] += wrong
+        entry[1] += right
+        entry[2] += list(largest.values())
+        entry[3] += 1
+    header = " | ".join(f"m = {m}: misplaced / right freed" for m in args.margins)
+    print(f"| cell | runs | AUC | {header} |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in args.margins) + " |")
+    for cell, (wrong, right, largest, runs) in sorted(pooled.items()):
+        pairs = [(w > r) + 0.5 * (w == r) for w in wrong for r in right]
+        auc = f"{sum(pairs) / len(pairs):.2f}" if pairs else "–"
+        misplaced = [margin for margin, was_wrong in largest if was_wrong]
+        placed = [margin for margin, was_wrong in largest if not was_wrong]
+        freed = " | ".join(
+            f"{sum(x > m for x in misplaced)} of {len(misplaced)} / "
+            f"{sum(x > m for x in placed)} of {len(placed)}"
+            for m in args.margins
+        )
+        print(f"| {cell} | {runs} | {auc} | {freed} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     by_seed = sub.add_parser("seeds", help="one markdown row per run")
     by_score = sub.add_parser("scores", help="misplaced clients by largest ω and by largest E-step score")
     by_score.add_argument("--rounds", type=int, nargs="+", default=[20, 25, 30, 60])
-    for p in (by_seed, by_score):
+    by_margin = sub.add_parser("release", help="would a per-client release of the hold free the misplaced")
+    by_margin.add_argument("--margins", type=float, nargs="+", default=[0.25, 0.5, 1.0])
+    by_margin.add_argument("--in-a-row", type=int, default=1, help="rounds the margin must exceed m")
+    for p in (by_seed, by_score, by_margin):
         p.add_argument("records", help="takeoff_grid.py's JSON lines")
         p.add_argument("--data-root", required=True, help="authors_comparison.py write's directory")
         p.add_argument("--only", nargs="*", default=[], help="keep runs whose name contains a word")
     args = parser.parse_args()
-    {"seeds": seeds, "scores": scores}[args.command](args)
+    {"seeds": seeds, "scores": scores, "release": release}[args.command](args)
 
 
 if __name__ == "__main__":

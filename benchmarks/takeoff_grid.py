@@ -66,9 +66,9 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
     """A callback: each round's concept ARI, and every ``every`` rounds (and at the last) the global
     clients' accuracy per concept and the clients' mean accuracy on their own test rows; also the
     device the module trained on (read at train start, since teardown moves it to the CPU), and each
-    client's largest-ω cluster every round. With merging on, each round also keeps the clients'
-    merge scores and log C (``floor``: the run's label-statistics floor), so merge criteria can be
-    studied offline."""
+    client's largest-ω cluster (and with a hold, its held flag) every round. With merging on, each
+    round also keeps the clients' merge scores and log C (``floor``: the run's label-statistics
+    floor), so merge criteria can be studied offline."""
     import lightning.pytorch as pl
     import torch
     from authors_comparison import concept_ari
@@ -93,6 +93,8 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
                 "alive": int(state.active.sum()),
             }
             row["owner"] = state.omega.argmax(1).tolist()  # each client's largest-ω cluster
+            if "group_held" in state.extra:  # the hold's flags: 1 grouped, 2 late pass, 3 released
+                row["held"] = [int(flag) for flag in state.extra["group_held"].tolist()]
             if "cluster_scores" in state.extra:  # merging's per-client scores, for offline study
                 row["scores"] = [[round(v, 4) for v in r] for r in state.extra["cluster_scores"].tolist()]
                 c = label_statistics(state.label_sums[state.seen], floor)
@@ -212,6 +214,7 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         "fit_seconds": fit_seconds,
         "owners": [r["owner"] for r in rows],
         **({"merge_scores": merge_rows} if merge_rows else {}),
+        **({"held": [r["held"] for r in rows]} if rows and "held" in rows[0] else {}),
     }
 
 

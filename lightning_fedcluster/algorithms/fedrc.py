@@ -27,7 +27,7 @@ from lightning_fedcluster.algorithms.base import (
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
 from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
 from lightning_fedcluster.algorithms.grouping import held_report
-from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
+from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores, scores_entry
 from lightning_fedcluster.algorithms.mixture import label_statistics, label_sums
 from lightning_fedcluster.algorithms.protocols import ClientOutputs, LabelStatistics
 from lightning_fedcluster.algorithms.reseed import cluster_shares, reseed_split
@@ -47,6 +47,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     def __init__(self, num_clusters: int, config: FedRCConfig | None = None, **options: Any) -> None:
         super().__init__(num_clusters, config, **options)
         self.grouping = self.config.grouping
+        self.release = self.config.release
         self.merging = self.config.merging
         self.retirement = self.config.retirement
 
@@ -73,11 +74,13 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     def state_entries(self) -> tuple[StateEntry, ...]:
         """FedRC-Adam keeps each sample's γ (a mixture) and its Adam moments, and each client's
         Adam step count, between rounds; clients update and report them. Concept grouping keeps
-        each client's signature, merging its mean score per cluster."""
+        each client's signature (and the hold's flags), merging and the hold's release its mean
+        score per cluster, the release its streak."""
         if not self.config.adam_gamma:
             grouping = () if self.grouping is None else self.grouping.state_entries()
-            merging = () if self.merging is None else self.merging.state_entries(self.num_clusters)
-            return grouping + merging
+            release = () if self.release is None else self.release.state_entries()
+            scores = (scores_entry(self.num_clusters),) if self.wants_scores else ()
+            return grouping + release + scores
         k = (self.num_clusters,)
         return (
             StateEntry("gamma", Scope.SAMPLE, k, reported=True, mixture=True),
@@ -85,6 +88,11 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             StateEntry("adam_v", Scope.SAMPLE, k, reported=True),
             StateEntry("adam_steps", Scope.CLIENT, reported=True),
         )
+
+    @property
+    def wants_scores(self) -> bool:
+        """Whether clients report their mean E-step score per cluster (merging, the hold's release)."""
+        return self.merging is not None or self.release is not None
 
     def clusters_to_remove(self, state: ClientState | ClientStoreView, sizes: Tensor) -> Tensor | None:
         if self.config.removal_threshold is None:
@@ -95,12 +103,18 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         """Concept grouping when it is due; a merge of near-identical clusters; the retirement of
         clusters no client owns; adaptive K (App. F): remove the clusters whose share of γ fell
         below the threshold (from round ``removal_after`` on); or, with ``reseed_threshold``,
-        re-seed a dead cluster from the largest one. One decision a round, in that order."""
+        re-seed a dead cluster from the largest one. One decision a round, in that order; in a
+        round without a grouping pass, the hold's release (streaks, releases) comes before it."""
         state, outcome = server.client_state, server.outcome
         if self.grouping is not None:
             grouped = self.grouping.actions(state, outcome.round_index)
             if grouped:
                 return grouped
+        released = [] if self.release is None else self.release.actions(state, outcome, self.grouping)
+        return released + self._decision(state, outcome)
+
+    def _decision(self, state: ClientStoreView, outcome: RoundOutcome) -> list[ServerAction]:
+        """The round's one K decision after the grouping (see ``after_round``), or none."""
         if self.merging is not None:
             merged = self.merging.actions(state, outcome.train_sizes, outcome.round_index)
             if merged:
@@ -155,7 +169,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     ) -> ClientReport:
         stats = log_label_stats if self.config.use_label_stats else None
         report = super().e_step(losses, labels, context, stats)
-        if self.merging is not None:
+        if self.wants_scores:
             context.extra[CLUSTER_SCORES] = client_scores(losses, labels, stats)
         return self._client_side(report, labels, context)
 
@@ -170,7 +184,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         """The batched soft E-step, then each client's Adam step and label noise (as ``e_step``)."""
         stats = log_label_stats if self.config.use_label_stats else None
         reports = soft_e_step_of_clients(losses, labels, offsets, contexts, stats)
-        if self.merging is not None:
+        if self.wants_scores:
             for (a, b), context in zip(pairwise(offsets.tolist()), contexts, strict=True):
                 context.extra[CLUSTER_SCORES] = client_scores(losses[a:b], labels[a:b], stats)
         bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)

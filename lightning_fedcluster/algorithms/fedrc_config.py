@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lightning_fedcluster.algorithms.grouping import ConceptGrouping
+from lightning_fedcluster.algorithms.hold_release import HoldRelease
 from lightning_fedcluster.algorithms.merging import ClusterMerging
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
 from lightning_fedcluster.algorithms.retirement import ClusterRetirement
@@ -73,6 +74,11 @@ class FedRCConfig:
             group holding less than this share of the rows gets no cluster (its clients wait for
             the late pass), and the clusters no group went to retire when two or more groups got
             one (:mod:`.grouping`; 0: only the latter; None: neither; needs ``group_round``).
+        group_release: e.g. 0.25, with ``group_hold``: release a held client from the hold early
+            when another alive cluster's E-step score (mean −loss − log C per sample) exceeds its
+            own cluster's by more than this (nats) in ``group_release_rounds`` held rounds in a
+            row; its ω may then move (:mod:`.hold_release`; None: every client is held to the end).
+        group_release_rounds: the held rounds in a row of ``group_release`` (needs it).
         merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
             of the two clusters whose members' mean log-likelihood per sample differs least
             between them, when that gap is below this (nats); None: never. With grouping,
@@ -106,6 +112,8 @@ class FedRCConfig:
     group_late_round: int | None = None
     group_ramp: int = 0
     group_retire: float | None = None
+    group_release: float | None = None
+    group_release_rounds: int = 5
     merge_threshold: float | None = None
     merge_after: int = 0
     retire_after: int | None = None
@@ -137,6 +145,8 @@ class FedRCConfig:
             ("group_late_round", self.group_late_round, None, "group_round", self.group_round is not None),
             ("group_ramp", self.group_ramp, 0, "group_round", self.group_round is not None),
             ("group_retire", self.group_retire, None, "group_round", self.group_round is not None),
+            ("group_release", self.group_release, None, "group_hold", bool(self.group_hold)),
+            ("group_release_rounds", self.group_release_rounds, 5, "group_release", self.release is not None),
             ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
             ("removal_after", self.removal_after, 0, "removal_threshold", self.removal_threshold is not None),
         ):
@@ -147,7 +157,7 @@ class FedRCConfig:
         after = self.removal_after
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise ValueError(f"removal_after must be a round index >= 0, got {after!r}")
-        self.grouping, self.merging, self.retirement  # noqa: B018 - their own checks of the values
+        self.grouping, self.release, self.merging, self.retirement  # noqa: B018 - their own checks of the values
         if self.retire_after is not None and self.reseed_threshold is not None:
             raise ValueError(
                 "retire_after cannot be combined with reseed_threshold (one retires the clusters the "
@@ -175,6 +185,13 @@ class FedRCConfig:
             self.group_ramp,
             self.group_retire,
         )
+
+    @property
+    def release(self) -> HoldRelease | None:
+        """The early release from the grouping's hold as configured (None: off)."""
+        if self.group_release is None:
+            return None
+        return HoldRelease(self.group_release, self.group_release_rounds)
 
     @property
     def retirement(self) -> ClusterRetirement | None:

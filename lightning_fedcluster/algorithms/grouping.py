@@ -86,6 +86,7 @@ from lightning_fedcluster.algorithms.signatures import (
 SIGNATURE, SIGNATURE_ROWS = "signature", "signature_rows"
 HELD = "group_held"  # 1: the grouping placed the client; 2: the late pass did; 0: neither
 GROUPED, LATE = 1.0, 2.0
+RELEASED = 3.0  # placed, then released from the hold early (``hold_release.py``)
 ASSIGNMENTS = ("medoid", "mean")
 
 
@@ -195,10 +196,10 @@ class ConceptGrouping:
         or None when the round is not held for it (always None without ``hold``)."""
         if not self.hold:
             return None
-        start = self.group_round
-        if self.late_round is not None and bool(extra[HELD] == LATE):
+        start, flag = self.group_round, float(extra[HELD])
+        if self.late_round is not None and flag == LATE:
             start = self.late_round
-        elif not bool(extra[HELD] > 0):
+        elif flag != GROUPED:
             return None
         if not start <= round_index < start + self.hold:
             return None

@@ -52,7 +52,7 @@ class ClusterMerging:
 
     def state_entries(self, num_clusters: int) -> tuple[StateEntry, ...]:
         """Each client's mean E-step score per cluster [K], reported."""
-        return (StateEntry(CLUSTER_SCORES, Scope.CLIENT, (num_clusters,), reported=True),)
+        return (scores_entry(num_clusters),)
 
     def actions(
         self, state: ClientState | ClientStoreView, sizes: Tensor, round_index: int
@@ -73,6 +73,12 @@ class ClusterMerging:
                 f"log-likelihood gap {gap:.3f} nats per sample is below {self.threshold})"
             ),
         ]
+
+
+def scores_entry(num_clusters: int) -> StateEntry:
+    """The client-store entry of each client's mean E-step score per cluster [K], reported (merging
+    and the hold's release read it)."""
+    return StateEntry(CLUSTER_SCORES, Scope.CLIENT, (num_clusters,), reported=True)
 
 
 def client_scores(losses: Tensor, labels: Tensor, log_label_stats: Tensor | None) -> Tensor:

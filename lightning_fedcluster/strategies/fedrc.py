@@ -19,7 +19,8 @@ class FedRCStrategy(FederatedStrategy):
     The keywords beyond :class:`FederatedStrategy`'s (``hard_prediction``, ``hard_training``,
     ``adam_gamma``, ``label_noise_std``, ``removal_threshold``, ``removal_after``, ``reseed_threshold``,
     ``group_round``, ``group_share``, ``group_assign``, ``group_margin``, ``group_hold``,
-    ``group_late_round``, ``group_ramp``, ``group_retire``, ``merge_threshold``, ``merge_after``,
+    ``group_late_round``, ``group_ramp``, ``group_retire``, ``group_release``,
+    ``group_release_rounds``, ``merge_threshold``, ``merge_after``,
     ``retire_after``, ``label_stats_floor``)
     are FedRC's options, forwarded into ``FedRC.Config``
     (:class:`~lightning_fedcluster.algorithms.fedrc_config.FedRCConfig`), where their defaults, checks
@@ -51,6 +52,8 @@ class FedRCStrategy(FederatedStrategy):
         group_late_round: int | None = None,
         group_ramp: int = 0,
         group_retire: float | None = None,
+        group_release: float | None = None,
+        group_release_rounds: int = 5,
         merge_threshold: float | None = None,
         merge_after: int = 0,
         retire_after: int | None = None,

@@ -20,6 +20,7 @@ from lightning_fedcluster.algorithms.grouping import (
     GROUPED,
     HELD,
     LATE,
+    RELEASED,
     SIGNATURE,
     SIGNATURE_ROWS,
     ConceptGrouping,
@@ -330,13 +331,18 @@ ROBUST = {"group_assign": "mean", "group_margin": 0.9, "group_hold": 2}
 LATE_PASS = {**ROBUST, "group_margin": 0.95, "group_late_round": 3}
 RAMP = {**ROBUST, "group_hold": 3, "group_ramp": 2}
 RAMP_RETIRE = {**RAMP, "group_retire": 0.2}  # on this fit the grouping retires one of the 3 clusters
+# Released from the hold whenever another cluster scores higher (hold_release.py): some clients are.
+RELEASING = {**ROBUST, "group_hold": 3, "group_release": 0.0, "group_release_rounds": 1}
 
 
 @pytest.mark.parametrize(
     ("grouping", "epoch"),
-    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3), (RAMP_RETIRE, 2)],
-    ids=["before", "in-the-hold", "before-the-late-pass", "in-the-late-hold", "in-the-ramp-after-retiring"],
-)
+    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3), (RAMP_RETIRE, 2), (RELEASING, 2), (RELEASING, 3)],
+    ids=[
+        "before", "in-the-hold", "before-the-late-pass", "in-the-late-hold", "in-the-ramp-after-retiring",
+        "between-releases", "after-releases",
+    ],
+)  # fmt: skip
 def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -391,7 +397,7 @@ def test_held_clients_keep_their_grouped_omega_for_the_hold_rounds_then_move():
     )
 
 
-@pytest.mark.parametrize("grouping", [ROBUST, RAMP], ids=["held", "ramped"])
+@pytest.mark.parametrize("grouping", [ROBUST, RAMP, RELEASING], ids=["held", "ramped", "released"])
 def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor(grouping):
     loop, vectorized = (
         _grouped_fit(5, executor, grouping=grouping).lightning_module for executor in ("loop", "vectorized")
@@ -401,6 +407,8 @@ def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor(gro
         assert_close(vectorized.state_dict()[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
     assert_close(vectorized.client_state.omega, loop.client_state.omega, atol=1e-5, rtol=0)
     assert torch.equal(vectorized.client_state.extra[HELD], loop.client_state.extra[HELD])
+    if grouping is RELEASING:
+        assert bool((loop.client_state.extra[HELD] == RELEASED).any())
 
 
 # --- the late pass ---------------------------------------------------------------------------------

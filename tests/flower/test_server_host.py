@@ -64,9 +64,10 @@ def test_flower_apps_equal_the_lightning_engine(name, task_identity):
         assert flower.client_state.personal and flower.client_state.extra["estimated_round"] == 2
     if name == "cfl":  # the run must exercise a split
         assert int(flower.client_state.active.sum()) >= 2
-    if name == "fedrc_grouping":  # signatures came from the nodes; 2 retired, then one merge
+    if name == "fedrc_grouping":  # signatures came from the nodes; 2 retired, a release, one merge
         assert bool((flower.client_state.extra["signature_rows"].sum(1) > 0).all())
         assert int(flower.client_state.active.sum()) == 1
+        assert bool((flower.client_state.extra["group_held"] == 3.0).any())  # grouping.RELEASED
     if name == "fedrc_retire":  # the run must exercise a retirement
         assert 1 <= int(flower.client_state.active.sum()) < 4
     if name in ("fesem", "wecfl"):  # the centres came from the nodes' first-round models

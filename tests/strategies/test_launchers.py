@@ -139,6 +139,15 @@ def test_retirement_retired_the_same_clusters_on_both_process_counts(runs):
     assert 1 <= int(one.sum()) < 6 and torch.equal(one, two)
 
 
+def test_the_hold_released_the_same_clients_on_both_process_counts(runs):
+    """``fedrc_grouping`` released clients from the grouping's hold (``group_release``); streaks and
+    releases are decided from the all-reduced client store, identical on every process."""
+    one, two = (torch.load(path / "fedrc_grouping" / "result.pt")["client_state"] for path in runs)
+    for key in ("extra.group_held", "extra.group_release_streak"):
+        assert torch.equal(one[key], two[key]), key
+    assert bool((one["extra.group_held"] == 3.0).any())  # grouping.RELEASED
+
+
 def test_the_docs_merge_rule_merged_on_both_process_counts(runs):
     """``fedrc_merge`` (the docs' one-file rule) merged a pair after each of its first two rounds;
     the merges are decided from the all-reduced models, identical on every process."""

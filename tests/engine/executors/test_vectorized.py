@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms.grouping import HELD, RELEASED
 from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from tests.conftest import make_trainer
@@ -42,6 +43,8 @@ STRATEGIES = {
         group_ramp=1,
         group_margin=0.9,
         group_retire=0.2,
+        group_release=0.0,
+        group_release_rounds=1,
         merge_threshold=100.0,
         merge_after=2,
         executor=executor,
@@ -94,6 +97,7 @@ def test_vectorized_executor_equals_the_loop(name):
     assert any(not torch.equal(initial[n], t) for n, t in runs[1][0].state_dict().items())
     if name == "fedrc_grouping":  # the grouping retired clusters (group_retire), then one merge
         assert int(runs[0][0].client_state.active.sum()) < 3
+        assert bool((runs[0][0].client_state.extra[HELD] == RELEASED).any())  # and a release
 
 
 def test_vectorized_executor_equals_the_loop_for_regression():
