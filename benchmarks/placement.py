@@ -15,7 +15,9 @@ score under another cluster minus its score under its own (clusters that own a c
 release at margin m would free the clients whose margin exceeds m (in ``--in-a-row`` held rounds
 in a row). It prints, per cell and m, how
 many of the clients misplaced during the hold and how many placed right such a rule would free,
-and the chance that a misplaced client-round's margin exceeds a right one's (AUC; 0.5 is chance).
+the chance that a misplaced client-round's margin exceeds a right one's (AUC; 0.5 is chance), and
+the longest streak above the first margin (``longest_streak``: below ``group_release_rounds`` on
+every run of a cell, the release frees nobody there and its runs are the hold's).
 
     python benchmarks/placement.py seeds RECORDS.jsonl --data-root /work/takeoff --only floor10/
     python benchmarks/placement.py scores RECORDS.jsonl --data-root /work/takeoff --rounds 20 25 30 60
@@ -153,6 +155,29 @@ def hold_margins(
     return wrong, right, largest
 
 
+def longest_streak(record: dict[str, Any], margin: float) -> int:
+    """The most held rounds in a row in which any client's margin exceeds ``margin``, over every
+    round some client may be held (``group_round`` + 1 to the late pass's round + ``group_hold``,
+    1-based), every client counted as held and the late pass's own round counted as above (the rule
+    skips it): below ``group_release_rounds``, the rule releases nobody, so the run is the hold's."""
+    options = record["options"]
+    first, late = options["group_round"], options.get("group_late_round")
+    last = (late or first) + options["group_hold"]
+    by_round = {row["round"]: torch.tensor(row["scores"]) for row in record["merge_scores"]}
+    longest, streaks = 0, {}
+    for r in range(first + 1, last + 1):
+        owners = torch.tensor(record["owners"][r - 1])
+        owning = torch.zeros(by_round[r].shape[1], dtype=torch.bool)
+        owning[owners.unique()] = True
+        for client, own in enumerate(owners.tolist()):
+            others = by_round[r][client].masked_fill(~owning, -math.inf)
+            others[own] = -math.inf
+            above = r == late or float(others.max() - by_round[r][client, own]) > margin
+            streaks[client] = streaks.get(client, 0) + 1 if above else 0
+            longest = max(longest, streaks[client])
+    return longest
+
+
 def release(args: argparse.Namespace) -> None:
     pooled: dict[str, list] = {}
     concepts: dict[str, torch.Tensor] = {}
@@ -161,18 +186,19 @@ def release(args: argparse.Namespace) -> None:
             continue  # the scores are recorded only with merging on; a release needs a hold
         cell = record["cell"]
         concept = concepts.setdefault(cell, concepts_of(Path(args.data_root), cell))
+        entry = pooled.setdefault(cell, [[], [], [], 0, 0])
+        entry[3] += 1
+        entry[4] = max(entry[4], longest_streak(record, args.margins[0]))
         if concept.unique().numel() < 2:
             continue  # one concept: nobody is misplaced
         wrong, right, largest = hold_margins(record, concept, args.in_a_row)
-        entry = pooled.setdefault(cell, [[], [], [], 0])
         entry[0] += wrong
         entry[1] += right
         entry[2] += list(largest.values())
-        entry[3] += 1
     header = " | ".join(f"m = {m}: misplaced / right freed" for m in args.margins)
-    print(f"| cell | runs | AUC | {header} |")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in args.margins) + " |")
-    for cell, (wrong, right, largest, runs) in sorted(pooled.items()):
+    print(f"| cell | runs | AUC | {header} | longest streak above m = {args.margins[0]} |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in args.margins) + " | --- |")
+    for cell, (wrong, right, largest, runs, longest) in sorted(pooled.items()):
         pairs = [(w > r) + 0.5 * (w == r) for w in wrong for r in right]
         auc = f"{sum(pairs) / len(pairs):.2f}" if pairs else "–"
         misplaced = [margin for margin, was_wrong in largest if was_wrong]
@@ -182,7 +208,7 @@ def release(args: argparse.Namespace) -> None:
             f"{sum(x > m for x in placed)} of {len(placed)}"
             for m in args.margins
         )
-        print(f"| {cell} | {runs} | {auc} | {freed} |")
+        print(f"| {cell} | {runs} | {auc} | {freed} | {longest} |")
 
 
 def main() -> None:

@@ -21,8 +21,9 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
                on all four cells, was the docs' K-from-the-data block to session 47;
                +gretire10+hold30-k6, the same with group_hold=30 and every K event from round
                50, is the docs' block from session 47, also run from K = 3 on the one-concept
-               scenario; +hold20-k6: group_hold=20, K events from round 40; +hold30+release-k6:
-               the 30-round hold with group_release=0.25 in 5 rounds in a row);
+               scenario, to session 48; +hold20-k6: group_hold=20, K events from round 40;
+               +hold30+release-k6, the docs' block from session 49: the 30-round hold with
+               group_release=0.25 in 5 rounds in a row);
                -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
 """

@@ -1,7 +1,8 @@
 """The K-from-the-data configuration that How clusters form recommends is the one the take-off grid
-measured (``benchmarks/takeoff_configs.py``'s ``robust10+merge+removal+floor10+ramp4+gretire10+hold30-k6``):
-the page's block and the grid's options name the same arguments with the same values, so neither
-can drift from the other, and the strategy takes them as given."""
+measured (``benchmarks/takeoff_configs.py``'s
+``robust10+merge+removal+floor10+ramp4+gretire10+hold30+release-k6``): the page's block and the
+grid's options name the same arguments with the same values, so neither can drift from the other,
+and the strategy takes them as given."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.docs.markdown_blocks import DOCS, ROOT, blocks
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import takeoff_configs  # noqa: E402
 
-MEASURED = "robust10+merge+removal+floor10+ramp4+gretire10+hold30-k6"
+MEASURED = "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release-k6"
 
 
 def _recommended_call() -> ast.Call:
@@ -36,5 +37,6 @@ def test_the_recommended_configuration_is_the_measured_one():
     assert options["merge_after"] == options["retire_after"] == options["removal_after"] == 50
     assert options["group_round"] + options["group_hold"] == 45  # the K events: five rounds after the hold
     assert options["group_retire"] == options["removal_threshold"] == 0.1
+    assert (options["group_release"], options["group_release_rounds"]) == (0.25, 5)
     config = lf.FedRCStrategy(num_clusters, **options).algorithm.config
     assert {name: getattr(config, name) for name in options} == options

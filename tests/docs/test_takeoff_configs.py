@@ -1,6 +1,7 @@
 """The take-off grid's job list names only configurations it defines, each job once, and the
 30-round hold that How clusters form recommends is the block it recommended before (hold 10, K events
-from round 30) with ``group_hold=30`` and every K event from round 50, nothing else changed."""
+from round 30) with ``group_hold=30`` and every K event from round 50, nothing else changed; the
+release (``+release``) adds ``group_release`` to it and nothing else."""
 
 from __future__ import annotations
 
@@ -39,3 +40,10 @@ def test_the_30_round_hold_is_the_10_round_block_held_longer():
     assert changed == {"group_hold", *K_EVENT_ROUNDS}
     assert held["group_hold"] == 30 and hold10["group_hold"] == 10
     assert all(held[key] == 50 for key in K_EVENT_ROUNDS)
+
+
+def test_the_release_is_the_30_round_hold_with_a_release_and_nothing_else():
+    _, k_start, released = CONFIGS[f"{HOLD30}+release-k6"]
+    _, _, held = CONFIGS[f"{HOLD30}-k6"]
+    assert k_start == 6
+    assert released == {**held, "group_release": 0.25, "group_release_rounds": 5}
