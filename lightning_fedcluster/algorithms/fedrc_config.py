@@ -75,9 +75,10 @@ class FedRCConfig:
             the late pass), and the clusters no group went to retire when two or more groups got
             one (:mod:`.grouping`; 0: only the latter; None: neither; needs ``group_round``).
         group_release: e.g. 0.25, with ``group_hold``: release a held client from the hold early
-            when another alive cluster's E-step score (mean −loss − log C per sample) exceeds its
-            own cluster's by more than this (nats) in ``group_release_rounds`` held rounds in a
-            row; its ω may then move (:mod:`.hold_release`; None: every client is held to the end).
+            when the E-step score (mean −loss − log C per sample) of another cluster in use (some
+            client's largest ω) exceeds its own cluster's by more than this (nats) in
+            ``group_release_rounds`` held rounds in a row; its ω may then move
+            (:mod:`.hold_release`; None: every client is held to the end).
         group_release_rounds: the held rounds in a row of ``group_release`` (needs it).
         merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
             of the two clusters whose members' mean log-likelihood per sample differs least

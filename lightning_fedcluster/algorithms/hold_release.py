@@ -14,9 +14,9 @@ cluster in use (the largest ω of some seen client, :func:`.retirement.unowned_c
 minus its score under its own (its largest ω, the held cluster). A spare cluster that no client owns
 is left out: while ω is held it trains only on the (1 − share) of ω the grouping leaves over, and it
 says nothing about the concepts (with one concept, every client owns the same cluster, so no client
-is ever released and the run is the hold's). A held client whose
-margin exceeds ``margin`` nats per sample in ``rounds`` of its held rounds in a row is released: from
-the next round its E-step is FedRC's, so its ω can move to the cluster that explains its data. A
+is ever released and the run is the hold's). A held client whose margin exceeds ``margin`` nats
+per sample in ``rounds`` of its held rounds in a row is released: from the next round its E-step
+is FedRC's, so its ω can move to the cluster that explains its data. A
 single round's margin is too noisy to act on (a cluster's model jumps in some rounds); the rounds in
 a row are what the offline screen (``benchmarks/placement.py release``) found to separate the
 clients the grouping misplaced from those it placed right. A round in which a grouping pass acts
