@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _takeoff import TAKE_OFF_ARI  # noqa: E402
 
+from lightning_fedcluster.algorithms.hold_release import release_margins  # noqa: E402
 from lightning_fedcluster.metrics.clustering import misplaced_clients  # noqa: E402
 
 ARI_ROUNDS = (15, 20, 25, 30)
@@ -119,6 +120,16 @@ def scores(args: argparse.Namespace) -> None:
         print(f"| {record['config']} | {cell} | {record['seed']} | " + " | ".join(cells) + " |")
 
 
+def owned_margins(scores: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+    """The release's margins (``hold_release.release_margins``) of a round's clients from the
+    record: each client's own cluster is its recorded owner, the targets the clusters some client
+    owns (the alive ones in every held round of these records)."""
+    owning = torch.zeros(scores.shape[1], dtype=torch.bool)
+    owning[owners.unique()] = True
+    own = torch.nn.functional.one_hot(owners, scores.shape[1]).to(torch.float64)
+    return release_margins(scores, own, owning, owning)
+
+
 def hold_margins(
     record: dict[str, Any], concept: torch.Tensor, in_a_row: int
 ) -> tuple[list[float], list[float], dict]:
@@ -135,13 +146,7 @@ def hold_margins(
     for r in range(start + 1, start + hold + 1):
         owners = torch.tensor(record["owners"][r - 1])
         misplaced = set(misplaced_clients(owners, concept).tolist())
-        scores = by_round[r]
-        owning = torch.zeros(scores.shape[1], dtype=torch.bool)
-        owning[owners.unique()] = True
-        for client, own in enumerate(owners.tolist()):
-            others = scores[client].masked_fill(~owning, -math.inf)
-            others[own] = -math.inf
-            margin = float(others.max() - scores[client, own])
+        for client, margin in enumerate(owned_margins(by_round[r], owners).tolist()):
             (wrong if client in misplaced else right).append(margin)
             history.setdefault(client, []).append(margin)
         misplaced_once |= misplaced
@@ -167,12 +172,8 @@ def longest_streak(record: dict[str, Any], margin: float) -> int:
     longest, streaks = 0, {}
     for r in range(first + 1, last + 1):
         owners = torch.tensor(record["owners"][r - 1])
-        owning = torch.zeros(by_round[r].shape[1], dtype=torch.bool)
-        owning[owners.unique()] = True
-        for client, own in enumerate(owners.tolist()):
-            others = by_round[r][client].masked_fill(~owning, -math.inf)
-            others[own] = -math.inf
-            above = r == late or float(others.max() - by_round[r][client, own]) > margin
+        for client, value in enumerate(owned_margins(by_round[r], owners).tolist()):
+            above = r == late or value > margin
             streaks[client] = streaks.get(client, 0) + 1 if above else 0
             longest = max(longest, streaks[client])
     return longest
