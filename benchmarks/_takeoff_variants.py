@@ -1,6 +1,6 @@
 """Take-off mechanisms screened in issue 25 that did not become library options, kept here so that
 their recorded numbers can be reproduced (``--anneal`` of ``authors_comparison.py run`` and
-``digits_concepts.py``).
+``digits_concepts.py``), and the true-concept ceiling of ``takeoff_grid.py``'s ``true-*`` runs.
 
 ``AnnealedFedRC``: FedRC whose E-step raises the likelihood ratios to a power β that falls
 linearly from ``beta0`` at round 0 to 1 at round ``rounds`` (γ_jk ∝ ω_k (p_k(y_j|x_j) / C_{y_j,k})^β):
@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from lightning_fedcluster.algorithms.assignment import assignment_report
 from lightning_fedcluster.algorithms.base import ClientContext, ClientReport
 from lightning_fedcluster.algorithms.fedrc import FedRC
+from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
+from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
 
 
 class AnnealedFedRC(FedRC):
@@ -61,4 +64,49 @@ def anneal(strategy, spec: str | None):  # noqa: ANN001, ANN201
         use_label_stats=rule.config.use_label_stats,
         reseed_seed=rule.config.reseed_seed,
     )
+    return strategy
+
+
+class TrueConceptFedRC(FedRC):
+    """FedRC told each client's concept: γ and ω one-hot at it (cluster k serves concept k), so the
+    cluster models are what a clustering that is right from round 1 trains: the ceiling the take-off
+    mechanisms are measured against. A client then trains its concept's copy alone (the engine
+    trains no copy whose γ sums to zero), so each cluster is FedAvg over its concept's clients.
+    Each client's mean E-step score per cluster is reported every round, so where FedRC's E-step
+    would place it under these models can be read offline."""
+
+    def __init__(self, num_clusters: int, config: FedRCConfig, *, concepts: Tensor) -> None:
+        super().__init__(num_clusters, config)
+        if int(concepts.max()) >= num_clusters:
+            raise ValueError(f"concepts go to {int(concepts.max())}: num_clusters must exceed it")
+        self.concepts = concepts
+
+    @property
+    def wants_scores(self) -> bool:
+        return True
+
+    def e_step(
+        self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
+    ) -> ClientReport:
+        stats = log_label_stats if self.config.use_label_stats else None
+        context.extra[CLUSTER_SCORES] = client_scores(losses, labels, stats)
+        concept = int(self.concepts[context.client])
+        return assignment_report(concept, losses, labels, context.num_classes)
+
+    def e_step_many(
+        self,
+        losses: Tensor,
+        labels: Tensor,
+        offsets: Tensor,
+        contexts: list[ClientContext],
+        log_label_stats: Tensor | None,
+    ) -> list[ClientReport]:
+        bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), contexts, strict=True)
+        return [self.e_step(losses[a:b], labels[a:b], context, log_label_stats) for a, b, context in bounds]
+
+
+def true_concepts(strategy, concepts: Tensor):  # noqa: ANN001, ANN201
+    """Replace the strategy's FedRC rule by ``TrueConceptFedRC`` with the same configuration."""
+    rule = strategy.algorithm
+    strategy._rule = TrueConceptFedRC(rule.num_clusters, rule.config, concepts=concepts)
     return strategy

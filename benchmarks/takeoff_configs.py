@@ -26,6 +26,9 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
                group_release=0.25 in 5 rounds in a row);
                -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
+    true       the ceiling: K = 3 with every client's γ and ω one-hot at its concept from round 1
+               (``TrueConceptFedRC``: FedAvg per concept); floor 0.1, as the recommended block,
+               for the recorded E-step scores
 """
 
 from __future__ import annotations
@@ -154,6 +157,7 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust+merge": ("fedrc", 3, ROBUST_MERGE),
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
     "fedavg": ("fedavg", 1, {}),
+    "true": ("true", 3, {"label_stats_floor": 0.1}),
 }
 
 
@@ -202,6 +206,9 @@ def job_list(seeds: list[int]) -> list[Job]:
     released = held30.replace("hold30", "hold30+release")  # the cells where it frees clients first
     jobs += [Job(released, cell, s) for s in seeds for cell in ("a1", "m1")]
     jobs += [Job(released, cell, s) for cell in (ONE_CONCEPT, "a10", "m10") for s in seeds]
+    # the ceiling: seed-major, the cells with the unmet targets first
+    for cells in (("m1", "a1"), ("m10", "a10")):
+        jobs += [Job("true", cell, s) for s in seeds for cell in cells]
     jobs += [Job("robust10+merge", ONE_CONCEPT, s) for s in seeds]
     jobs += [Job("robust10+merge-k6", "m10", s) for s in seeds]
     jobs += [Job("robust10+removal-k6", cell, s) for cell in MNIST_CELLS for s in seeds]

@@ -62,9 +62,11 @@ class Settings:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: ANN201
+def make_evaluation(every: int, floor: float = 1e-8, name: str = "", true_models: bool = False):  # noqa: ANN201
     """A callback: each round's concept ARI, and every ``every`` rounds (and at the last) the global
-    clients' accuracy per concept and the clients' mean accuracy on their own test rows; also the
+    clients' accuracy per concept (with ``true_models`` also with ω one-hot at their concept's
+    cluster, ``acc_true``: cluster k serves concept k in the ceiling runs, so this leaves out the
+    global clients' own E-step) and the clients' mean accuracy on their own test rows; also the
     device the module trained on (read at train start, since teardown moves it to the CPU), and each
     client's largest-ω cluster (and with a hold, its held flag) every round. With merging on, each
     round also keeps the clients' merge scores and log C (``floor``: the run's label-statistics
@@ -104,6 +106,11 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
                     omega = module.adapt(xa, ya)
                     predicted = module.predict_proba(xs_g, omega).argmax(1).cpu()
                     row[f"acc{concept}"] = float((predicted == ys_g).double().mean())
+                    if true_models:
+                        own = torch.zeros_like(omega)
+                        own[concept] = 1.0
+                        predicted = module.predict_proba(xs_g, own).argmax(1).cpu()
+                        row[f"acc_true{concept}"] = float((predicted == ys_g).double().mean())
                 dm = trainer.datamodule
                 sizes = dm.test_offsets.diff()
                 owner = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
@@ -115,6 +122,8 @@ def make_evaluation(every: int, floor: float = 1e-8, name: str = ""):  # noqa: A
                 # the global accuracy: mean over the concepts the clients hold
                 held = trainer.datamodule.metadata.concept.unique().tolist()
                 row["acc"] = statistics.mean(row[f"acc{c}"] for c in held)
+                if true_models:
+                    row["acc_true"] = statistics.mean(row[f"acc_true{c}"] for c in held)
             self.rows.append(row)
             if name:  # progress, one line a round
                 line = f"{name} round {number}: ARI {row['ari']:.2f}, alive {row['alive']}"
@@ -144,6 +153,7 @@ def run_job(job: Job, settings: Settings) -> dict[str, Any]:
 def execute(job: Job, settings: Settings) -> dict[str, Any]:
     import torch
     from _common import make_trainer, quiet, set_threads
+    from _takeoff_variants import true_concepts
     from authors_comparison import authors_model, make_strategy, read
 
     from lightning_fedcluster import FedAvgStrategy
@@ -166,8 +176,11 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
     else:
         strategy, state = make_strategy("persist", job.seed, {**options, "executor": settings.executor}, k)
         assert state == "persist"
+        if kind == "true":  # the ceiling: every client's concept given
+            strategy = true_concepts(strategy, dm.metadata.concept)
     floor = options.get("label_stats_floor", 1e-8)
-    evaluation = make_evaluation(settings.eval_every, floor, job.name)(global_clients)
+    true_models = kind == "true"
+    evaluation = make_evaluation(settings.eval_every, floor, job.name, true_models)(global_clients)
     trainer = make_trainer(
         strategy,
         settings.rounds,
@@ -199,7 +212,9 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         "ari": ari,
         "alive": [r["alive"] for r in rows],
         "take_off": take_off_round((r["round"], r["ari"]) for r in rows),
-        "scored": {r["round"]: {"acc": r["acc"], "val": r["val"]} for r in scored},
+        "scored": {
+            r["round"]: {key: r[key] for key in ("acc", "val", "acc_true") if key in r} for r in scored
+        },
         "acc25": next((r["acc"] for r in scored if r["round"] == 25), None),
         "acc60": next((r["acc"] for r in scored if r["round"] == 60), None),
         "acc_last": scored[-1]["acc"],
