@@ -17,11 +17,16 @@ in a row). It prints, per cell and m, how
 many of the clients misplaced during the hold and how many placed right such a rule would free,
 the chance that a misplaced client-round's margin exceeds a right one's (AUC; 0.5 is chance), and
 the longest streak above the first margin (``longest_streak``: below ``group_release_rounds`` on
-every run of a cell, the release frees nobody there and its runs are the hold's).
+every run of a cell, the release frees nobody there and its runs are the hold's). ``ceiling``
+reads the true-concept runs (``takeoff_grid.py``'s ``true``: every client trains its concept's
+model from round 1): per run, the global accuracy with the clients' own E-step (``acc``) and with
+their concept's model (``acc_true``), and the ARI of placing each client by its largest E-step
+score under those models (where FedRC's E-step would pull it), with the clients so misplaced.
 
     python benchmarks/placement.py seeds RECORDS.jsonl --data-root /work/takeoff --only floor10/
     python benchmarks/placement.py scores RECORDS.jsonl --data-root /work/takeoff --rounds 20 25 30 60
     python benchmarks/placement.py release RECORDS.jsonl --data-root /work/takeoff --only hold30-k6/
+    python benchmarks/placement.py ceiling RECORDS.jsonl --data-root /work/takeoff --only true/
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _takeoff import TAKE_OFF_ARI  # noqa: E402
 
 from lightning_fedcluster.algorithms.hold_release import release_margins  # noqa: E402
-from lightning_fedcluster.metrics.clustering import misplaced_clients  # noqa: E402
+from lightning_fedcluster.metrics.clustering import grouping_ari, misplaced_clients  # noqa: E402
 
 ARI_ROUNDS = (15, 20, 25, 30)
 ACCURACY_ROUNDS = (25, 30, 40)
@@ -212,6 +217,38 @@ def release(args: argparse.Namespace) -> None:
         print(f"| {cell} | {runs} | {auc} | {freed} | {longest} |")
 
 
+def ceiling(args: argparse.Namespace) -> None:
+    """One row per true-concept run, then each cell's means (see the module docstring)."""
+    rounds = (*ARI_ROUNDS[1:], 45, 60)
+    print(
+        "| cell | seed | acc r60: own E-step / concept's model | best val (acc) | ARI by score "
+        + " / ".join(f"r{r}" for r in rounds) + " | misplaced by score r60 | misplaced in every round 30-60 |"
+    )  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    cells: dict[str, list[tuple[float, float, float]]] = {}
+    for record in records(args.records, args.only):
+        cell = record["cell"]
+        concept = concepts_of(Path(args.data_root), cell)
+        by_round = {row["round"]: torch.tensor(row["scores"]).argmax(1) for row in record["merge_scores"]}
+        aris = [grouping_ari(concept, by_round[r]) for r in rounds]
+        late = [set(misplaced_clients(by_round[r], concept).tolist()) for r in range(30, 61)]
+        always = torch.tensor(sorted(set.intersection(*late)), dtype=torch.long)
+        last = record["scored"]["60"]
+        cells.setdefault(cell, []).append((last["acc"], last["acc_true"], aris[-1]))
+        print(
+            f"| {cell} | {record['seed']} | {100 * last['acc']:.1f} / {100 * last['acc_true']:.1f} | "
+            f"{record['best_val_round']} ({100 * record['acc_best_val']:.1f}) | "
+            + " / ".join(f"{a:.2f}" for a in aris)
+            + f" | {named(misplaced_clients(by_round[60], concept))} | {named(always)} |"
+        )
+    print("\n| cell | runs | mean acc r60: own E-step / concept's model | ARI by score r60 >= 0.8 |")
+    print("| --- | --- | --- | --- |")
+    for cell, rows in sorted(cells.items()):
+        acc, own = (100 * sum(r[i] for r in rows) / len(rows) for i in (0, 1))
+        held = sum(r[2] >= TAKE_OFF_ARI for r in rows)
+        print(f"| {cell} | {len(rows)} | {acc:.1f} / {own:.1f} | {held} of {len(rows)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -221,12 +258,13 @@ def main() -> None:
     by_margin = sub.add_parser("release", help="would a per-client release of the hold free the misplaced")
     by_margin.add_argument("--margins", type=float, nargs="+", default=[0.25, 0.5, 1.0])
     by_margin.add_argument("--in-a-row", type=int, default=1, help="rounds the margin must exceed m")
-    for p in (by_seed, by_score, by_margin):
+    by_ceiling = sub.add_parser("ceiling", help="the true-concept runs: accuracy and placement by score")
+    for p in (by_seed, by_score, by_margin, by_ceiling):
         p.add_argument("records", help="takeoff_grid.py's JSON lines")
         p.add_argument("--data-root", required=True, help="authors_comparison.py write's directory")
         p.add_argument("--only", nargs="*", default=[], help="keep runs whose name contains a word")
     args = parser.parse_args()
-    {"seeds": seeds, "scores": scores, "release": release}[args.command](args)
+    {"seeds": seeds, "scores": scores, "release": release, "ceiling": ceiling}[args.command](args)
 
 
 if __name__ == "__main__":

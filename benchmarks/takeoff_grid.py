@@ -153,7 +153,7 @@ def run_job(job: Job, settings: Settings) -> dict[str, Any]:
 def execute(job: Job, settings: Settings) -> dict[str, Any]:
     import torch
     from _common import make_trainer, quiet, set_threads
-    from _takeoff_variants import true_concepts
+    from _takeoff_variants import omega_weighted, true_concepts
     from authors_comparison import authors_model, make_strategy, read
 
     from lightning_fedcluster import FedAvgStrategy
@@ -178,6 +178,8 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         assert state == "persist"
         if kind == "true":  # the ceiling: every client's concept given
             strategy = true_concepts(strategy, dm.metadata.concept)
+        if kind == "fedrc-omegaw":  # the server weighs copies by N_i · ω_ik
+            strategy = omega_weighted(strategy)
     floor = options.get("label_stats_floor", 1e-8)
     true_models = kind == "true"
     evaluation = make_evaluation(settings.eval_every, floor, job.name, true_models)(global_clients)
