@@ -119,18 +119,25 @@ class OmegaWeightedFedRC(FedRC):
     FedRC's update of cluster k is Σ_i N_i Δ_ik / Σ_i N_i with Δ_ik scaled by γ, so once the
     clients have separated a cluster moves at about its share of the data times the learning rate
     (a third with three even concepts); weighted by ω it moves at about the rate of FedAvg over its
-    own clients, and with uniform ω (the first rounds) the two are the same. Screened against the
-    true-concept runs, whose models train at that rate (``takeoff_grid.py``'s ``+omegaw``)."""
+    own clients, and with uniform ω the two are the same. Screened against the true-concept runs,
+    whose models train at that rate (``takeoff_grid.py``'s ``+omegaw``; ``+omegaw15`` from the
+    round after the grouping, ``from_round`` = 15 (0-based round index), and FedRC's N_i before)."""
+
+    def __init__(self, num_clusters: int, config: FedRCConfig, *, from_round: int = 0) -> None:
+        super().__init__(num_clusters, config)
+        self.from_round = from_round
 
     def contributions(
         self, report: ClientReport, plan: LocalPlan, context: ClientContext
     ) -> list[Contribution]:
+        if context.round_index < self.from_round:
+            return super().contributions(report, plan, context)
         omega = report.omega.tolist()
         return [Contribution(k, k, float(context.num_samples) * omega[k]) for k in plan.clusters]
 
 
-def omega_weighted(strategy):  # noqa: ANN001, ANN201
+def omega_weighted(strategy, from_round: int = 0):  # noqa: ANN001, ANN201
     """Replace the strategy's FedRC rule by ``OmegaWeightedFedRC`` with the same configuration."""
     rule = strategy.algorithm
-    strategy._rule = OmegaWeightedFedRC(rule.num_clusters, rule.config)
+    strategy._rule = OmegaWeightedFedRC(rule.num_clusters, rule.config, from_round=from_round)
     return strategy

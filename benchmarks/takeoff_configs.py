@@ -27,7 +27,8 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
                -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
     ...+omegaw  the same FedRC options with the server weighing each copy by N_i · ω_ik
-               (``OmegaWeightedFedRC``), screened after the ceiling's models trained faster
+               (``OmegaWeightedFedRC``), screened after the ceiling's models trained faster;
+               +omegaw15 the same from the round after the grouping
     true       the ceiling: K = 3 with every client's γ and ω one-hot at its concept from round 1
                (``TrueConceptFedRC``: FedAvg per concept); floor 0.1, as the recommended block,
                for the recorded E-step scores
@@ -162,6 +163,9 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw-k6": (
         "fedrc-omegaw", 6, RAMP4_GROUP_RETIRE10_HOLD30_RELEASE
     ),  # fmt: skip
+    "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15-k6": (
+        "fedrc-omegaw15", 6, RAMP4_GROUP_RETIRE10_HOLD30_RELEASE
+    ),  # fmt: skip
     "true": ("true", 3, {"label_stats_floor": 0.1}),
 }
 
@@ -211,9 +215,10 @@ def job_list(seeds: list[int]) -> list[Job]:
     released = held30.replace("hold30", "hold30+release")  # the cells where it frees clients first
     jobs += [Job(released, cell, s) for s in seeds for cell in ("a1", "m1")]
     jobs += [Job(released, cell, s) for cell in (ONE_CONCEPT, "a10", "m10") for s in seeds]
-    weighted = released.replace("release", "release+omegaw")  # seed-major, the unmet targets first
-    jobs += [Job(weighted, cell, s) for s in seeds for cell in ("m1", "a1")]
-    jobs += [Job(weighted, cell, s) for s in seeds for cell in ("a10", "m10", ONE_CONCEPT)]
+    for weighted in ("omegaw15", "omegaw"):  # seed-major, the unmet targets first
+        weighted = released.replace("release", f"release+{weighted}")
+        jobs += [Job(weighted, cell, s) for s in seeds for cell in ("m1", "a1")]
+        jobs += [Job(weighted, cell, s) for s in seeds for cell in ("a10", "m10", ONE_CONCEPT)]
     # the ceiling: seed-major, the cells with the unmet targets first
     for cells in (("m1", "a1"), ("m10", "a10")):
         jobs += [Job("true", cell, s) for s in seeds for cell in cells]

@@ -178,8 +178,8 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         assert state == "persist"
         if kind == "true":  # the ceiling: every client's concept given
             strategy = true_concepts(strategy, dm.metadata.concept)
-        if kind == "fedrc-omegaw":  # the server weighs copies by N_i · ω_ik
-            strategy = omega_weighted(strategy)
+        if kind.startswith("fedrc-omegaw"):  # the server weighs copies by N_i · ω_ik
+            strategy = omega_weighted(strategy, options["group_round"] if kind.endswith("15") else 0)
     floor = options.get("label_stats_floor", 1e-8)
     true_models = kind == "true"
     evaluation = make_evaluation(settings.eval_every, floor, job.name, true_models)(global_clients)

@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _takeoff_variants import OmegaWeightedFedRC, TrueConceptFedRC, true_concepts  # noqa: E402
 
 
-def _context(client: int, num_samples: int) -> ClientContext:
+def _context(client: int, num_samples: int, round_index: int = 4) -> ClientContext:
     uniform, alive = torch.full((3,), 1 / 3), torch.ones(3, dtype=torch.bool)
-    return ClientContext(client, 4, num_samples, num_classes=2, omega=uniform, active=alive)
+    return ClientContext(client, round_index, num_samples, num_classes=2, omega=uniform, active=alive)
 
 
 def test_the_e_step_is_one_hot_at_the_concept_and_records_the_free_scores():
@@ -85,3 +85,8 @@ def test_omega_weighting_gives_each_trained_copy_n_times_its_omega():
     context = _context(client=1, num_samples=40)
     got = rule.contributions(report, LocalPlan(clusters=(0, 2)), context)
     assert got == [Contribution(0, 0, pytest.approx(36.0)), Contribution(2, 2, pytest.approx(4.0))]
+    later = OmegaWeightedFedRC(3, None, from_round=5)  # before round index 5: FedRC's N_i
+    assert later.contributions(report, LocalPlan(clusters=(0, 2)), context) == [
+        Contribution(0, 0, 40.0), Contribution(2, 2, 40.0)
+    ]  # fmt: skip
+    assert later.contributions(report, LocalPlan(clusters=(0, 2)), _context(1, 40, round_index=5)) == got
