@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.assignment import assignment_report
-from lightning_fedcluster.algorithms.base import ClientContext, ClientReport
+from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, ClientRule
 from lightning_fedcluster.algorithms.client_turn import Contribution, LocalPlan
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
@@ -94,16 +94,8 @@ class TrueConceptFedRC(FedRC):
         concept = int(self.concepts[context.client])
         return assignment_report(concept, losses, labels, context.num_classes)
 
-    def e_step_many(
-        self,
-        losses: Tensor,
-        labels: Tensor,
-        offsets: Tensor,
-        contexts: list[ClientContext],
-        log_label_stats: Tensor | None,
-    ) -> list[ClientReport]:
-        bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), contexts, strict=True)
-        return [self.e_step(losses[a:b], labels[a:b], context, log_label_stats) for a, b, context in bounds]
+    # FedRC batches its E-step; this one runs ``e_step`` client by client, as a plain client rule
+    e_step_many = ClientRule.e_step_many
 
 
 def true_concepts(strategy, concepts: Tensor):  # noqa: ANN001, ANN201

@@ -31,8 +31,8 @@ import lightning.pytorch as pl
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import takeoff_grid  # noqa: E402
 from _common import make_trainer, quiet, set_threads  # noqa: E402
+from _takeoff_evaluation import make_evaluation  # noqa: E402
 from authors_comparison import authors_model, make_strategy, read  # noqa: E402
 from takeoff_configs import CELLS, CONFIGS, K_EVENT_ROUNDS, K_EVENTS, ONE_CONCEPT, k_events_from  # noqa: E402
 
@@ -156,7 +156,7 @@ def main() -> None:
     model, _ = authors_model()
     strategy, _ = make_strategy("persist", args.seed, {**options, "executor": "loop"}, k)
     name = f"{args.config}/{args.cell}/s{args.seed}"
-    evaluation = takeoff_grid.make_evaluation(5, options.get("label_stats_floor", 1e-8), name)
+    evaluation = make_evaluation(5, options.get("label_stats_floor", 1e-8), name)
     probe = FallProbe(args.restart_momentum_after)
     callbacks = [evaluation(global_clients), probe]
     trainer = make_trainer(strategy, args.rounds, validate=False, callbacks=callbacks)
