@@ -226,9 +226,10 @@ def ceiling(args: argparse.Namespace) -> None:
     )  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- |")
     cells: dict[str, list[tuple[float, float, float]]] = {}
+    concepts: dict[str, torch.Tensor] = {}
     for record in records(args.records, args.only):
         cell = record["cell"]
-        concept = concepts_of(Path(args.data_root), cell)
+        concept = concepts.setdefault(cell, concepts_of(Path(args.data_root), cell))
         by_round = {row["round"]: torch.tensor(row["scores"]).argmax(1) for row in record["merge_scores"]}
         aris = [grouping_ari(concept, by_round[r]) for r in rounds]
         late = [set(misplaced_clients(by_round[r], concept).tolist()) for r in range(30, 61)]
