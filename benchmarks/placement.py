@@ -32,6 +32,7 @@ score under those models (where FedRC's E-step would pull it), with the clients 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -50,8 +51,10 @@ ARI_ROUNDS = (15, 20, 25, 30)
 ACCURACY_ROUNDS = (25, 30, 40)
 
 
+@functools.cache
 def concepts_of(data_root: Path, cell: str) -> torch.Tensor:
-    """The true concept of each client of a cell written by ``authors_comparison.py write``."""
+    """The true concept of each client of a cell written by ``authors_comparison.py write`` (read
+    once per cell; callers do not change it)."""
     manifest = json.loads((data_root / cell / "manifest.json").read_text())
     return torch.tensor([client["concept"] for client in manifest["clients"]])
 
@@ -226,10 +229,9 @@ def ceiling(args: argparse.Namespace) -> None:
     )  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- |")
     cells: dict[str, list[tuple[float, float, float]]] = {}
-    concepts: dict[str, torch.Tensor] = {}
     for record in records(args.records, args.only):
         cell = record["cell"]
-        concept = concepts.setdefault(cell, concepts_of(Path(args.data_root), cell))
+        concept = concepts_of(Path(args.data_root), cell)
         by_round = {row["round"]: torch.tensor(row["scores"]).argmax(1) for row in record["merge_scores"]}
         aris = [grouping_ari(concept, by_round[r]) for r in rounds]
         late = [set(misplaced_clients(by_round[r], concept).tolist()) for r in range(30, 61)]
