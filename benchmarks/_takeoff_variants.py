@@ -14,7 +14,6 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.assignment import assignment_report
 from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, ClientRule
-from lightning_fedcluster.algorithms.client_turn import Contribution, LocalPlan
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
 from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
@@ -102,34 +101,4 @@ def true_concepts(strategy, concepts: Tensor):  # noqa: ANN001, ANN201
     """Replace the strategy's FedRC rule by ``TrueConceptFedRC`` with the same configuration."""
     rule = strategy.algorithm
     strategy._rule = TrueConceptFedRC(rule.num_clusters, rule.config, concepts=concepts)
-    return strategy
-
-
-class OmegaWeightedFedRC(FedRC):
-    """FedRC whose server weighs client i's copy of cluster k by N_i · ω_ik instead of N_i.
-
-    FedRC's update of cluster k is Σ_i N_i Δ_ik / Σ_i N_i with Δ_ik scaled by γ, so once the
-    clients have separated a cluster moves at about its share of the data times the learning rate
-    (a third with three even concepts); weighted by ω it moves at about the rate of FedAvg over its
-    own clients, and with uniform ω the two are the same. Screened against the true-concept runs,
-    whose models train at that rate (``takeoff_grid.py``'s ``+omegaw``; ``+omegaw15`` from the
-    round after the grouping, ``from_round`` = 15 (0-based round index), and FedRC's N_i before)."""
-
-    def __init__(self, num_clusters: int, config: FedRCConfig, *, from_round: int = 0) -> None:
-        super().__init__(num_clusters, config)
-        self.from_round = from_round
-
-    def contributions(
-        self, report: ClientReport, plan: LocalPlan, context: ClientContext
-    ) -> list[Contribution]:
-        if context.round_index < self.from_round:
-            return super().contributions(report, plan, context)
-        omega = report.omega.tolist()
-        return [Contribution(k, k, float(context.num_samples) * omega[k]) for k in plan.clusters]
-
-
-def omega_weighted(strategy, from_round: int = 0):  # noqa: ANN001, ANN201
-    """Replace the strategy's FedRC rule by ``OmegaWeightedFedRC`` with the same configuration."""
-    rule = strategy.algorithm
-    strategy._rule = OmegaWeightedFedRC(rule.num_clusters, rule.config, from_round=from_round)
     return strategy

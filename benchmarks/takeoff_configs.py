@@ -27,8 +27,8 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
                -k6 suffixes: K started at 6
     fedavg     FedAvgStrategy (one model)
     ...+omegaw  the same FedRC options with the server weighing each copy by N_i · ω_ik
-               (``OmegaWeightedFedRC``), screened after the ceiling's models trained faster;
-               +omegaw15 the same from the round after the grouping
+               (omega_weighting_from=0), screened after the ceiling's models trained faster;
+               +omegaw15 the same from the round after the grouping (omega_weighting_from=15)
     true       the ceiling: K = 3 with every client's γ and ω one-hot at its concept from round 1
                (``TrueConceptFedRC``: FedAvg per concept); floor 0.1, as the recommended block,
                for the recorded E-step scores
@@ -161,10 +161,10 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust+merge-k6": ("fedrc", 6, ROBUST_MERGE),
     "fedavg": ("fedavg", 1, {}),
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw-k6": (
-        "fedrc-omegaw", 6, RAMP4_GROUP_RETIRE10_HOLD30_RELEASE
+        "fedrc", 6, {**RAMP4_GROUP_RETIRE10_HOLD30_RELEASE, "omega_weighting_from": 0}
     ),  # fmt: skip
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15-k6": (
-        "fedrc-omegaw15", 6, RAMP4_GROUP_RETIRE10_HOLD30_RELEASE
+        "fedrc", 6, {**RAMP4_GROUP_RETIRE10_HOLD30_RELEASE, "omega_weighting_from": 15}
     ),  # fmt: skip
     "true": ("true", 3, {"label_stats_floor": 0.1}),
 }

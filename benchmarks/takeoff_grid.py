@@ -84,7 +84,7 @@ def run_job(job: Job, settings: Settings) -> dict[str, Any]:
 def execute(job: Job, settings: Settings) -> dict[str, Any]:
     import torch
     from _common import make_trainer, quiet, set_threads
-    from _takeoff_variants import omega_weighted, true_concepts
+    from _takeoff_variants import true_concepts
     from authors_comparison import authors_model, make_strategy, read
 
     from lightning_fedcluster import FedAvgStrategy
@@ -109,8 +109,6 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
         assert state == "persist"
         if kind == "true":  # the ceiling: every client's concept given
             strategy = true_concepts(strategy, dm.metadata.concept)
-        if kind.startswith("fedrc-omegaw"):  # the server weighs copies by N_i · ω_ik
-            strategy = omega_weighted(strategy, options["group_round"] if kind.endswith("15") else 0)
     floor = options.get("label_stats_floor", 1e-8)
     true_models = kind == "true"
     evaluation = make_evaluation(settings.eval_every, floor, job.name, true_models)(global_clients)

@@ -20,6 +20,7 @@ from lightning_fedcluster.algorithms.actions import Note, RemoveClusters, Server
 from lightning_fedcluster.algorithms.base import (
     ClientContext,
     ClientReport,
+    Contribution,
     LocalPlan,
     SoftMixture,
     soft_e_step_of_clients,
@@ -243,6 +244,18 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             masked = torch.where(context.active.to(report.omega.device), report.omega, -torch.inf)
             return LocalPlan(clusters=(int(torch.argmax(masked)),))
         return super().local_plan(report, context)
+
+    def contributions(
+        self, report: ClientReport, plan: LocalPlan, context: ClientContext
+    ) -> list[Contribution]:
+        """Each trained copy into its own cluster with weight N_i (the authors'), or N_i · ω_ik from
+        round ``omega_weighting_from`` on, so that a cluster moves at the rate of FedAvg over
+        its own clients instead of its share of the data times it."""
+        start = self.config.omega_weighting_from
+        if start is None or context.round_index < start:
+            return super().contributions(report, plan, context)
+        omega = report.omega.tolist()
+        return [Contribution(k, k, float(context.num_samples) * omega[k]) for k in plan.clusters]
 
     def log_label_stats(self, state: ClientState | ClientStoreView) -> Tensor | None:
         """log C_{y,k} from the latest label sums of every client seen so far (None for FedEM)."""

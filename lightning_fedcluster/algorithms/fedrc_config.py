@@ -93,6 +93,12 @@ class FedRCConfig:
             hold, start it (and ``merge_after``, ``removal_after``) a few rounds after the hold
             ends, e.g. ``group_round + group_hold + 5``: while ω is held as grouped, a cluster
             nobody's largest ω points to may still be the one that fits (How clusters form).
+        omega_weighting_from: e.g. ``group_round``: from this round index on, the server weighs
+            client i's copy of cluster k by N_i · ω_ik instead of the authors' N_i (ours). Each
+            sample's γ already scales its gradient, so with N_i a cluster serving a third of the
+            data moves at about a third of FedAvg's rate; with ω it moves at about the rate of
+            FedAvg over its own clients. Uniform ω gives the same weights as N_i, so before the
+            grouping it changes little (How clusters form, "The ceiling"; None: N_i throughout).
     """
 
     use_label_stats: bool = True
@@ -118,6 +124,7 @@ class FedRCConfig:
     merge_threshold: float | None = None
     merge_after: int = 0
     retire_after: int | None = None
+    omega_weighting_from: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.label_noise_std, (int, float)):  # one σ per client: kept as a tuple
@@ -155,9 +162,12 @@ class FedRCConfig:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
-        after = self.removal_after
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise ValueError(f"removal_after must be a round index >= 0, got {after!r}")
+        rounds = {"removal_after": self.removal_after}
+        if self.omega_weighting_from is not None:  # None: off
+            rounds["omega_weighting_from"] = self.omega_weighting_from
+        for name, index in rounds.items():
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise ValueError(f"{name} must be a round index >= 0, got {index!r}")
         self.grouping, self.release, self.merging, self.retirement  # noqa: B018 - their own checks of the values
         if self.retire_after is not None and self.reseed_threshold is not None:
             raise ValueError(

@@ -333,14 +333,19 @@ RAMP = {**ROBUST, "group_hold": 3, "group_ramp": 2}
 RAMP_RETIRE = {**RAMP, "group_retire": 0.2}  # on this fit the grouping retires one of the 3 clusters
 # Released from the hold whenever another cluster scores higher (hold_release.py): some clients are.
 RELEASING = {**ROBUST, "group_hold": 3, "group_release": 0.0, "group_release_rounds": 1}
+# The server weighs copies by N_i · ω_ik from round index 3 (omega_weighting_from), the first resumed.
+OMEGA_WEIGHTED = {**RELEASING, "omega_weighting_from": 3}
 
 
 @pytest.mark.parametrize(
     ("grouping", "epoch"),
-    [({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3), (RAMP_RETIRE, 2), (RELEASING, 2), (RELEASING, 3)],
+    [
+        ({}, 0), (ROBUST, 2), (LATE_PASS, 1), (LATE_PASS, 3), (RAMP_RETIRE, 2), (RELEASING, 2),
+        (RELEASING, 3), (OMEGA_WEIGHTED, 2),
+    ],
     ids=[
         "before", "in-the-hold", "before-the-late-pass", "in-the-late-hold", "in-the-ramp-after-retiring",
-        "between-releases", "after-releases",
+        "between-releases", "after-releases", "omega-weighted-from-the-resumed-round",
     ],
 )  # fmt: skip
 def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, epoch):

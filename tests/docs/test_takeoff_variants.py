@@ -1,7 +1,6 @@
-"""Two of the take-off grid's rule variants (``benchmarks/_takeoff_variants.py``). The ceiling
-(``TrueConceptFedRC``, the ``true`` runs): every client's ω is one-hot at its concept, only its
-concept's model trains on it, and its E-step scores are reported every round. ``OmegaWeightedFedRC``
-(``+omegaw``): the server weighs client i's copy of cluster k by N_i · ω_ik."""
+"""The take-off grid's ceiling (``benchmarks/_takeoff_variants.py``'s ``TrueConceptFedRC``, the
+``true`` runs): every client's ω is one-hot at its concept, only its concept's model trains on it,
+and its E-step scores are reported every round."""
 
 from __future__ import annotations
 
@@ -12,13 +11,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.algorithms.base import ClientContext, ClientReport
-from lightning_fedcluster.algorithms.client_turn import Contribution, LocalPlan
+from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
 from tests.docs.markdown_blocks import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _takeoff_variants import OmegaWeightedFedRC, TrueConceptFedRC, true_concepts  # noqa: E402
+from _takeoff_variants import TrueConceptFedRC, true_concepts  # noqa: E402
 
 
 def _context(client: int, num_samples: int, round_index: int = 4) -> ClientContext:
@@ -77,16 +75,3 @@ def test_through_a_fit_only_a_concept_s_clients_train_its_model():
     scores = state.extra[CLUSTER_SCORES]
     assert scores.shape == (6, 3) and bool(torch.isfinite(scores).all()) and bool((scores != 0).any())
 
-
-def test_omega_weighting_gives_each_trained_copy_n_times_its_omega():
-    rule = OmegaWeightedFedRC(3, None)
-    omega = torch.tensor([0.9, 0.0, 0.1])
-    report = ClientReport(gamma=torch.empty(0, 3), omega=omega, label_sums=torch.empty(0))
-    context = _context(client=1, num_samples=40)
-    got = rule.contributions(report, LocalPlan(clusters=(0, 2)), context)
-    assert got == [Contribution(0, 0, pytest.approx(36.0)), Contribution(2, 2, pytest.approx(4.0))]
-    later = OmegaWeightedFedRC(3, None, from_round=5)  # before round index 5: FedRC's N_i
-    assert later.contributions(report, LocalPlan(clusters=(0, 2)), context) == [
-        Contribution(0, 0, 40.0), Contribution(2, 2, 40.0)
-    ]  # fmt: skip
-    assert later.contributions(report, LocalPlan(clusters=(0, 2)), _context(1, 40, round_index=5)) == got

@@ -47,6 +47,7 @@ STRATEGIES = {
         group_release_rounds=1,
         merge_threshold=100.0,
         merge_after=2,
+        omega_weighting_from=1,
         executor=executor,
         clients_per_chunk=4,
     ),
