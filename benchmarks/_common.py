@@ -289,8 +289,8 @@ def command_line() -> str:
 
 def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     """FedRC's concept-grouping options as flags (``--group-share/-assign/-margin/-hold/-late-round``,
-    ``--group-ramp/-retire/-release/-release-rounds``; ``--group-round`` is each script's own, since
-    its help differs)."""
+    ``--group-ramp/-retire/-release/-release-rounds``, and ``--omega-weighting-from``, meant for the
+    round after the grouping; ``--group-round`` is each script's own, since its help differs)."""
     parser.add_argument("--group-share", type=float, default=0.9, help="grouped clients' ω on their cluster")
     parser.add_argument(
         "--group-assign", choices=("medoid", "mean"), default="medoid", help="FedRC's group_assign"
@@ -305,6 +305,8 @@ def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-release", type=float, default=None, help=release_help)
     rounds_help = "FedRC's group_release_rounds (held rounds in a row)"
     parser.add_argument("--group-release-rounds", type=int, default=None, help=rounds_help)
+    omega_help = "FedRC's omega_weighting_from (a round index, e.g. the --group-round)"
+    parser.add_argument("--omega-weighting-from", type=int, default=None, help=omega_help)
 
 
 def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -332,4 +334,6 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
         options["group_release"] = args.group_release
     if args.group_release_rounds is not None:
         options["group_release_rounds"] = args.group_release_rounds
+    if args.omega_weighting_from is not None:
+        options["omega_weighting_from"] = args.omega_weighting_from
     return options
