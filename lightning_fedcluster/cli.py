@@ -45,9 +45,7 @@ MAIN_JOB_DEFAULTS = {
     },
     # The robust concept grouping after round 20 (issue 25, benchmarks/results/takeoff.md): the plain
     # grouping left no dead cluster on six seeds (global accuracy 0.905 against 0.753 without it); the
-    # mean assignment, the margin, a 10-round hold and the late pass 0.911 (the take-off cells' best);
-    # the server weighing each copy by N_i * omega_ik from the round after the grouping 0.921, higher
-    # on each of the six seeds (docs/how-clusters-form.md, "The ceiling").
+    # mean assignment, the margin, a 10-round hold and the late pass 0.911 (the take-off cells' best).
     "trainer.strategy": {
         "class_path": "lightning_fedcluster.FedRCStrategy",
         "init_args": {
@@ -60,7 +58,6 @@ MAIN_JOB_DEFAULTS = {
             "group_margin": 0.7,
             "group_hold": 10,
             "group_late_round": 25,
-            "omega_weighting_from": 20,
         },
     },
     "trainer.max_epochs": 150,
