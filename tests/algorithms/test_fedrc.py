@@ -1,6 +1,8 @@
 """algorithms/fedrc.py: the FedRC/FedEM rule against hand computations on tiny tensors (E-step,
 aggregation weights, label statistics, prediction weights, unseen clients) and its options
-(Adam on γ, label noise, hard training, cluster removal)."""
+(Adam on γ, label noise, hard training, cluster removal, the server's ω weighting from a round
+on: ``omega_weighting_from``, whose resume and executor equivalences run in ``test_grouping.py``
+and the ``fedrc_grouping`` workloads)."""
 
 import math
 
@@ -8,7 +10,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.algorithms.base import Algorithm, ClientReport, Contribution
+from lightning_fedcluster.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientReport,
+    Contribution,
+    LocalPlan,
+)
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import FedRC, adam_gamma_step, clusters_to_remove
 from lightning_fedcluster.algorithms.mixture import (
@@ -299,3 +307,49 @@ def test_label_stats_floor_caps_the_pull_of_a_label_a_cluster_lacks() -> None:
     for bad in (0.0, 1.0, True):
         with pytest.raises(ValueError, match="label_stats_floor must be in"):
             FedRC(2, label_stats_floor=bad)
+
+
+# omega_weighting_from: from that round index on, copy k of client i weighs N_i · ω_ik, not N_i.
+WEIGHTING_OMEGA = torch.tensor([0.9, 0.0, 0.1], dtype=torch.float64)
+WEIGHTING_REPORT = ClientReport(gamma=torch.empty(0, 3), omega=WEIGHTING_OMEGA, label_sums=torch.empty(0))
+WEIGHTING_PLAN = LocalPlan(clusters=(0, 2))
+
+
+def _round_context(round_index: int, num_samples: int = 40) -> ClientContext:
+    uniform, alive = torch.full((3,), 1 / 3), torch.ones(3, dtype=torch.bool)
+    return ClientContext(1, round_index, num_samples, num_classes=2, omega=uniform, active=alive)
+
+
+def test_from_its_round_each_trained_copy_weighs_n_times_its_omega():
+    rule = FedRC(3, omega_weighting_from=5)
+    before = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index=4))
+    assert before == [Contribution(0, 0, 40.0), Contribution(2, 2, 40.0)]  # FedRC's N_i
+    for round_index in (5, 9):
+        got = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index))
+        assert got == [Contribution(0, 0, pytest.approx(36.0)), Contribution(2, 2, pytest.approx(4.0))]
+
+
+def test_off_by_default_every_copy_weighs_n():
+    context = _round_context(round_index=50, num_samples=7)
+    got = FedRC(3).contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, context)
+    assert got == [Contribution(0, 0, 7.0), Contribution(2, 2, 7.0)]
+
+
+def _fit_weights(rounds: int, **options) -> list[torch.Tensor]:
+    import lightning_fedcluster as lf
+    from lightning_fedcluster.datamodules import DigitsFederated
+    from lightning_fedcluster.models import MLPClassifier
+    from tests.conftest import make_trainer
+
+    torch.manual_seed(0)
+    strategy = lf.FedRCStrategy(3, clients_per_round=6, local_steps=2, executor="loop", **options)
+    trainer = make_trainer(strategy, max_epochs=rounds)
+    trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0))
+    return [t.detach().clone() for t in trainer.lightning_module.state_dict().values()]
+
+
+def test_a_fit_is_fedrc_s_before_the_round_and_moves_differently_from_it():
+    same = zip(_fit_weights(2), _fit_weights(2, omega_weighting_from=2), strict=True)
+    assert all(torch.equal(a, b) for a, b in same)  # round indices 0 and 1: N_i
+    after = zip(_fit_weights(3), _fit_weights(3, omega_weighting_from=2), strict=True)
+    assert not all(torch.equal(a, b) for a, b in after)

@@ -62,3 +62,9 @@ def test_check_options_accepts_the_papers_settings():
     check_options(True, 0.0, None, None, False)
     check_options(True, (0.0, 0.5), 0.05, None, True)  # App. F removal with FedRC-Adam
     check_options(False, 0.0, None, 0.05, False)  # FedEM with re-seeding
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5, "3"])
+def test_omega_weighting_from_must_be_a_round_index(value):
+    with pytest.raises(ValueError, match="omega_weighting_from must be a round index >= 0"):
+        FedRC.Config(omega_weighting_from=value)
