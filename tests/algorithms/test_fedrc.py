@@ -5,6 +5,7 @@ on: ``omega_weighting_from``, whose resume and executor equivalences run in ``te
 and the ``fedrc_grouping`` workloads)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -316,8 +317,7 @@ WEIGHTING_PLAN = LocalPlan(clusters=(0, 2))
 
 
 def _round_context(round_index: int, num_samples: int = 40) -> ClientContext:
-    uniform, alive = torch.full((3,), 1 / 3), torch.ones(3, dtype=torch.bool)
-    return ClientContext(1, round_index, num_samples, num_classes=2, omega=uniform, active=alive)
+    return replace(plain_ctx([1 / 3] * 3, 2, num_samples, client=1), round_index=round_index)
 
 
 def test_from_its_round_each_trained_copy_weighs_n_times_its_omega():
