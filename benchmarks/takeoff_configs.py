@@ -28,7 +28,9 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
     fedavg     FedAvgStrategy (one model)
     ...+omegaw  the same FedRC options with the server weighing each copy by N_i · ω_ik
                (omega_weighting_from=0), screened after the ceiling's models trained faster;
-               +omegaw15 the same from the round after the grouping (omega_weighting_from=15)
+               +omegaw15 the same from the round after the grouping (omega_weighting_from=15);
+               +omegaw15r10 / r30 (kind "omegaramp", ``RampedOmegaWeightingFedRC``, a benchmark
+               variant) the same started in steps over 10 / 30 rounds
     true       the ceiling: K = 3 with every client's γ and ω one-hot at its concept from round 1
                (``TrueConceptFedRC``: FedAvg per concept); floor 0.1, as the recommended block,
                for the recorded E-step scores
@@ -121,6 +123,10 @@ RAMP4_GROUP_RETIRE10_HOLD20 = k_events_from({**RAMP4_EVENTS30_GROUP_RETIRE10, "g
 RAMP4_GROUP_RETIRE10_HOLD30_RELEASE = {
     **RAMP4_GROUP_RETIRE10_HOLD30, "group_release": 0.25, "group_release_rounds": 5
 }  # fmt: skip
+# The server weighing copies by ω from the round after the grouping (session 51); the ramp that
+# starts it in steps over 10 or 30 rounds (session 52, a benchmark variant: it did not keep the
+# two per-class runs the weighting blew up from falling).
+OMEGAW15 = {**RAMP4_GROUP_RETIRE10_HOLD30_RELEASE, "omega_weighting_from": 15}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
     "group": ("fedrc", 3, GROUP),
@@ -164,7 +170,13 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
         "fedrc", 6, {**RAMP4_GROUP_RETIRE10_HOLD30_RELEASE, "omega_weighting_from": 0}
     ),  # fmt: skip
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15-k6": (
-        "fedrc", 6, {**RAMP4_GROUP_RETIRE10_HOLD30_RELEASE, "omega_weighting_from": 15}
+        "fedrc", 6, OMEGAW15
+    ),  # fmt: skip
+    "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15r10-k6": (
+        "omegaramp", 6, {**OMEGAW15, "omega_weighting_ramp": 10}
+    ),  # fmt: skip
+    "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15r30-k6": (
+        "omegaramp", 6, {**OMEGAW15, "omega_weighting_ramp": 30}
     ),  # fmt: skip
     "true": ("true", 3, {"label_stats_floor": 0.1}),
 }
@@ -215,7 +227,7 @@ def job_list(seeds: list[int]) -> list[Job]:
     released = held30.replace("hold30", "hold30+release")  # the cells where it frees clients first
     jobs += [Job(released, cell, s) for s in seeds for cell in ("a1", "m1")]
     jobs += [Job(released, cell, s) for cell in (ONE_CONCEPT, "a10", "m10") for s in seeds]
-    for weighted in ("omegaw15", "omegaw"):  # seed-major, the unmet targets first
+    for weighted in ("omegaw15", "omegaw", "omegaw15r10", "omegaw15r30"):  # seed-major, unmet targets first
         weighted = released.replace("release", f"release+{weighted}")
         jobs += [Job(weighted, cell, s) for s in seeds for cell in ("m1", "a1")]
         jobs += [Job(weighted, cell, s) for s in seeds for cell in ("a10", "m10", ONE_CONCEPT)]
