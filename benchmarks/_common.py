@@ -307,6 +307,8 @@ def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-release-rounds", type=int, default=None, help=rounds_help)
     omega_help = "FedRC's omega_weighting_from (a round index, e.g. the --group-round)"
     parser.add_argument("--omega-weighting-from", type=int, default=None, help=omega_help)
+    ramp_help = "FedRC's omega_weighting_ramp (rounds; with --omega-weighting-from)"
+    parser.add_argument("--omega-weighting-ramp", type=int, default=0, help=ramp_help)
 
 
 def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -336,4 +338,6 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
         options["group_release_rounds"] = args.group_release_rounds
     if args.omega_weighting_from is not None:
         options["omega_weighting_from"] = args.omega_weighting_from
+    if args.omega_weighting_ramp:
+        options["omega_weighting_ramp"] = args.omega_weighting_ramp
     return options

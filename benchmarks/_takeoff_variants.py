@@ -6,11 +6,6 @@ their recorded numbers can be reproduced (``--anneal`` of ``authors_comparison.p
 linearly from ``beta0`` at round 0 to 1 at round ``rounds`` (γ_jk ∝ ω_k (p_k(y_j|x_j) / C_{y_j,k})^β):
 with β > 1 the E-step sharpens, so small differences between the models give the clusters more
 different training weights sooner; β < 1 is deterministic annealing's tempering.
-
-``RampedOmegaWeightingFedRC``: ``omega_weighting_from`` started in steps (``+omegaw15r10``/``r30``
-of ``takeoff_grid.py``): over ``ramp`` rounds client i's copy of cluster k weighs
-N_i · ((1 − α) + α · ω_ik), α = h / (ramp + 1) in the weighting's round h, then N_i · ω_ik.
-Screened in session 52 on the two runs the plain weighting blew up; it did not keep them up.
 """
 
 from __future__ import annotations
@@ -18,13 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.assignment import assignment_report
-from lightning_fedcluster.algorithms.base import (
-    ClientContext,
-    ClientReport,
-    ClientRule,
-    Contribution,
-    LocalPlan,
-)
+from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, ClientRule
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
 from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
@@ -112,32 +101,4 @@ def true_concepts(strategy, concepts: Tensor):  # noqa: ANN001, ANN201
     """Replace the strategy's FedRC rule by ``TrueConceptFedRC`` with the same configuration."""
     rule = strategy.algorithm
     strategy._rule = TrueConceptFedRC(rule.num_clusters, rule.config, concepts=concepts)
-    return strategy
-
-
-class RampedOmegaWeightingFedRC(FedRC):
-    """FedRC whose ω weighting of the server's copies starts in steps (see the module docstring)."""
-
-    def __init__(self, num_clusters: int, config: FedRCConfig, *, ramp: int) -> None:
-        super().__init__(num_clusters, config)
-        if config.omega_weighting_from is None or ramp < 1:
-            raise ValueError("the ramp needs omega_weighting_from and ramp >= 1")
-        self.ramp = ramp
-
-    def contributions(
-        self, report: ClientReport, plan: LocalPlan, context: ClientContext
-    ) -> list[Contribution]:
-        start = self.config.omega_weighting_from
-        if context.round_index < start:
-            return super().contributions(report, plan, context)  # N_i
-        alpha = min(1.0, (context.round_index - start + 1) / (self.ramp + 1))
-        omega = report.omega.tolist()
-        weight = float(context.num_samples)
-        return [Contribution(k, k, weight * (1.0 - alpha + alpha * omega[k])) for k in plan.clusters]
-
-
-def omega_ramp(strategy, ramp: int):  # noqa: ANN001, ANN201
-    """Replace the strategy's FedRC rule by ``RampedOmegaWeightingFedRC`` with the same configuration."""
-    rule = strategy.algorithm
-    strategy._rule = RampedOmegaWeightingFedRC(rule.num_clusters, rule.config, ramp=ramp)
     return strategy

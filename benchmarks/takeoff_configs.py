@@ -29,8 +29,8 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
     ...+omegaw  the same FedRC options with the server weighing each copy by N_i · ω_ik
                (omega_weighting_from=0), screened after the ceiling's models trained faster;
                +omegaw15 the same from the round after the grouping (omega_weighting_from=15);
-               +omegaw15r10 / r30 (kind "omegaramp", ``RampedOmegaWeightingFedRC``, a benchmark
-               variant) the same started in steps over 10 / 30 rounds
+               +omegaw15r10 / r30 the same started in steps over 10 / 30 rounds
+               (omega_weighting_ramp; run in session 52 as a benchmark variant, bit-identical)
     true       the ceiling: K = 3 with every client's γ and ω one-hot at its concept from round 1
                (``TrueConceptFedRC``: FedAvg per concept); floor 0.1, as the recommended block,
                for the recorded E-step scores
@@ -123,9 +123,8 @@ RAMP4_GROUP_RETIRE10_HOLD20 = k_events_from({**RAMP4_EVENTS30_GROUP_RETIRE10, "g
 RAMP4_GROUP_RETIRE10_HOLD30_RELEASE = {
     **RAMP4_GROUP_RETIRE10_HOLD30, "group_release": 0.25, "group_release_rounds": 5
 }  # fmt: skip
-# The server weighing copies by ω from the round after the grouping (session 51); the ramp that
-# starts it in steps over 10 or 30 rounds (session 52, a benchmark variant: it did not keep the
-# two per-class runs the weighting blew up from falling).
+# The server weighing copies by ω from the round after the grouping (session 51), and the ramp that
+# starts it in steps over 10 or 30 rounds (session 52), after two of its per-class runs blew up.
 OMEGAW15 = {**RAMP4_GROUP_RETIRE10_HOLD30_RELEASE, "omega_weighting_from": 15}
 CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "fedrc": ("fedrc", 3, {}),
@@ -173,10 +172,10 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
         "fedrc", 6, OMEGAW15
     ),  # fmt: skip
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15r10-k6": (
-        "omegaramp", 6, {**OMEGAW15, "omega_weighting_ramp": 10}
+        "fedrc", 6, {**OMEGAW15, "omega_weighting_ramp": 10}
     ),  # fmt: skip
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15r30-k6": (
-        "omegaramp", 6, {**OMEGAW15, "omega_weighting_ramp": 30}
+        "fedrc", 6, {**OMEGAW15, "omega_weighting_ramp": 30}
     ),  # fmt: skip
     "true": ("true", 3, {"label_stats_floor": 0.1}),
 }

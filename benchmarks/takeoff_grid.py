@@ -84,7 +84,7 @@ def run_job(job: Job, settings: Settings) -> dict[str, Any]:
 def execute(job: Job, settings: Settings) -> dict[str, Any]:
     import torch
     from _common import make_trainer, quiet, set_threads
-    from _takeoff_variants import omega_ramp, true_concepts
+    from _takeoff_variants import true_concepts
     from authors_comparison import authors_model, make_strategy, read
 
     from lightning_fedcluster import FedAvgStrategy
@@ -105,14 +105,10 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
             executor=settings.executor,
         )
     else:
-        rule_options = {name: v for name, v in options.items() if name != "omega_weighting_ramp"}
-        rule_options["executor"] = settings.executor
-        strategy, state = make_strategy("persist", job.seed, rule_options, k)
+        strategy, state = make_strategy("persist", job.seed, {**options, "executor": settings.executor}, k)
         assert state == "persist"
         if kind == "true":  # the ceiling: every client's concept given
             strategy = true_concepts(strategy, dm.metadata.concept)
-        if kind == "omegaramp":  # the ω weighting started in steps (a benchmark variant)
-            strategy = omega_ramp(strategy, options["omega_weighting_ramp"])
     floor = options.get("label_stats_floor", 1e-8)
     true_models = kind == "true"
     evaluation = make_evaluation(settings.eval_every, floor, job.name, true_models)(global_clients)

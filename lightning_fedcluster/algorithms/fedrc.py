@@ -250,12 +250,18 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     ) -> list[Contribution]:
         """Each trained copy into its own cluster with weight N_i (the authors'), or N_i · ω_ik from
         round ``omega_weighting_from`` on, so that a cluster moves at the rate of FedAvg over
-        its own clients instead of its share of the data times it."""
+        its own clients instead of its share of the data times it; over ``omega_weighting_ramp``
+        rounds the weight goes from the one to the other, N_i · ((1 − α) + α · ω_ik)."""
         start = self.config.omega_weighting_from
         if start is None or context.round_index < start:
             return super().contributions(report, plan, context)
+        ramp = self.config.omega_weighting_ramp
+        alpha = min(1.0, (context.round_index - start + 1) / (ramp + 1))
         omega = report.omega.tolist()
-        return [Contribution(k, k, float(context.num_samples) * omega[k]) for k in plan.clusters]
+        return [
+            Contribution(k, k, float(context.num_samples) * (1.0 - alpha + alpha * omega[k]))
+            for k in plan.clusters
+        ]
 
     def log_label_stats(self, state: ClientState | ClientStoreView) -> Tensor | None:
         """log C_{y,k} from the latest label sums of every client seen so far (None for FedEM)."""

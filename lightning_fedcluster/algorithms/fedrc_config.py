@@ -98,8 +98,13 @@ class FedRCConfig:
             sample's γ already scales its gradient, so with N_i a cluster serving a third of the
             data moves at about a third of FedAvg's rate; with ω it moves at about the rate of
             FedAvg over its own clients. Uniform ω gives the same weights as N_i. Off by default:
-            the faster rate lifted MNIST under the authors' skew by 3.7 points, but blew up a
-            concept model on 2 of 10 per-class runs (How clusters form, "The ceiling"; None: N_i).
+            from one round to the next it lifted MNIST under the authors' skew by 3.7 points, but
+            blew up a concept model on 2 of 10 per-class runs; ``omega_weighting_ramp`` starts it
+            in steps (How clusters form, "The ceiling"; None: N_i).
+        omega_weighting_ramp: e.g. 10, with ``omega_weighting_from``: in the first this-many
+            rounds of the weighting, client i's copy of cluster k weighs N_i · ((1 − α) + α · ω_ik),
+            α = h / (ramp + 1) in the weighting's round h, so that a cluster's rate rises from the
+            authors' to FedAvg's over its own clients in steps (0: N_i · ω_ik from the first round).
     """
 
     use_label_stats: bool = True
@@ -126,6 +131,7 @@ class FedRCConfig:
     merge_after: int = 0
     retire_after: int | None = None
     omega_weighting_from: int | None = None
+    omega_weighting_ramp: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.label_noise_std, (int, float)):  # one σ per client: kept as a tuple
@@ -158,12 +164,19 @@ class FedRCConfig:
             ("group_release_rounds", self.group_release_rounds, 5, "group_release", self.release is not None),
             ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
             ("removal_after", self.removal_after, 0, "removal_threshold", self.removal_threshold is not None),
+            (
+                "omega_weighting_ramp",
+                self.omega_weighting_ramp,
+                0,
+                "omega_weighting_from",
+                self.omega_weighting_from is not None,
+            ),
         ):
             if not on and value != default:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
-        rounds = {"removal_after": self.removal_after}
+        rounds = {"removal_after": self.removal_after, "omega_weighting_ramp": self.omega_weighting_ramp}
         if self.omega_weighting_from is not None:  # None: off
             rounds["omega_weighting_from"] = self.omega_weighting_from
         for name, index in rounds.items():

@@ -2,7 +2,7 @@
 30-round hold that How clusters form recommends is the block it recommended before (hold 10, K events
 from round 30) with ``group_hold=30`` and every K event from round 50, nothing else changed; the
 release (``+release``) adds ``group_release`` to it and nothing else; the ω weighting's ramps
-(``+omegaw15r10``/``r30``) are ``+omegaw15`` with a ramp, run by the benchmark variant."""
+(``+omegaw15r10``/``r30``) are ``+omegaw15`` with ``omega_weighting_ramp``."""
 
 from __future__ import annotations
 
@@ -55,5 +55,5 @@ def test_the_omega_weighting_ramps_are_the_weighting_from_round_15_with_a_ramp()
     assert CONFIGS[f"{HOLD30}+release+omegaw15-k6"] == ("fedrc", 6, {**released, "omega_weighting_from": 15})
     for ramp in (10, 30):
         kind, k_start, options = CONFIGS[f"{HOLD30}+release+omegaw15r{ramp}-k6"]
-        assert (kind, k_start) == ("omegaramp", 6)
+        assert (kind, k_start) == ("fedrc", 6)
         assert options == {**released, "omega_weighting_from": 15, "omega_weighting_ramp": ramp}

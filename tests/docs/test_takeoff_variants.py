@@ -1,7 +1,6 @@
 """The take-off grid's ceiling (``benchmarks/_takeoff_variants.py``'s ``TrueConceptFedRC``, the
 ``true`` runs): every client's ω is one-hot at its concept, only its concept's model trains on it,
-and its E-step scores are reported every round. The ω weighting started in steps
-(``RampedOmegaWeightingFedRC``, the ``+omegaw15r10``/``r30`` runs): hand-computed weights."""
+and its E-step scores are reported every round."""
 
 from __future__ import annotations
 
@@ -12,13 +11,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, Contribution, LocalPlan
-from lightning_fedcluster.algorithms.fedrc import FedRC
+from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
 from tests.docs.markdown_blocks import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _takeoff_variants import RampedOmegaWeightingFedRC, TrueConceptFedRC, true_concepts  # noqa: E402
+from _takeoff_variants import TrueConceptFedRC, true_concepts  # noqa: E402
 
 
 def _context(client: int, num_samples: int, round_index: int = 4) -> ClientContext:
@@ -77,25 +75,3 @@ def test_through_a_fit_only_a_concept_s_clients_train_its_model():
     scores = state.extra[CLUSTER_SCORES]
     assert scores.shape == (6, 3) and bool(torch.isfinite(scores).all()) and bool((scores != 0).any())
 
-
-
-# Ramp 3 from round 5, N = 40, ω = (0.9, ·, 0.1), copies 0 and 2 trained: α = 1/4, 2/4, 3/4, then 1,
-# weight 40 · ((1 − α) + α · ω_k); before round 5 the authors' N_i.
-RAMP_WEIGHTS = [(4, (40, 40)), (5, (39, 31)), (6, (38, 22)), (7, (37, 13)), (8, (36, 4)), (20, (36, 4))]
-
-
-@pytest.mark.parametrize(("round_index", "weights"), RAMP_WEIGHTS)
-def test_the_ramp_moves_each_copy_s_weight_from_n_to_n_times_omega_in_steps(round_index, weights):
-    rule = RampedOmegaWeightingFedRC(3, FedRC.Config(omega_weighting_from=5), ramp=3)
-    omega = torch.tensor([0.9, 0.0, 0.1], dtype=torch.float64)
-    report = ClientReport(gamma=torch.empty(0, 3), omega=omega, label_sums=torch.empty(0))
-    got = rule.contributions(report, LocalPlan(clusters=(0, 2)), _context(1, 40, round_index))
-    first, second = weights
-    assert got == [Contribution(0, 0, pytest.approx(first)), Contribution(2, 2, pytest.approx(second))]
-
-
-def test_the_ramp_needs_the_weighting_and_a_round():
-    with pytest.raises(ValueError, match="needs omega_weighting_from"):
-        RampedOmegaWeightingFedRC(3, FedRC.Config(), ramp=3)
-    with pytest.raises(ValueError, match="ramp >= 1"):
-        RampedOmegaWeightingFedRC(3, FedRC.Config(omega_weighting_from=5), ramp=0)

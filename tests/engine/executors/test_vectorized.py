@@ -48,6 +48,7 @@ STRATEGIES = {
         merge_threshold=100.0,
         merge_after=2,
         omega_weighting_from=1,
+        omega_weighting_ramp=1,
         executor=executor,
         clients_per_chunk=4,
     ),
