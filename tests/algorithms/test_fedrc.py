@@ -329,6 +329,25 @@ def test_from_its_round_each_trained_copy_weighs_n_times_its_omega():
         assert got == [Contribution(0, 0, pytest.approx(36.0)), Contribution(2, 2, pytest.approx(4.0))]
 
 
+def test_a_ramp_moves_each_weight_from_n_to_n_times_omega_in_equal_steps():
+    # ramp 3 from round 5: α = 1/4, 2/4, 3/4 in rounds 5, 6, 7, then 1; weight 40 · ((1 − α) + α · ω_ik)
+    rule = FedRC(3, omega_weighting_from=5, omega_weighting_ramp=3)
+    expected = {4: (40.0, 40.0), 5: (39.0, 31.0), 6: (38.0, 22.0), 7: (37.0, 13.0)}
+    expected |= {8: (36.0, 4.0), 20: (36.0, 4.0)}
+    for round_index, (first, third) in expected.items():
+        got = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index))
+        assert got == [Contribution(0, 0, pytest.approx(first)), Contribution(2, 2, pytest.approx(third))]
+
+
+def test_a_ramp_of_zero_is_the_weighting_from_its_first_round():
+    plain, ramped = FedRC(3, omega_weighting_from=5), FedRC(3, omega_weighting_from=5, omega_weighting_ramp=0)
+    for round_index in (4, 5, 6):
+        context = _round_context(round_index)
+        assert ramped.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, context) == plain.contributions(
+            WEIGHTING_REPORT, WEIGHTING_PLAN, context
+        )
+
+
 def test_off_by_default_every_copy_weighs_n():
     context = _round_context(round_index=50, num_samples=7)
     got = FedRC(3).contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, context)

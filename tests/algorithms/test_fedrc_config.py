@@ -68,3 +68,14 @@ def test_check_options_accepts_the_papers_settings():
 def test_omega_weighting_from_must_be_a_round_index(value):
     with pytest.raises(ValueError, match="omega_weighting_from must be a round index >= 0"):
         FedRC.Config(omega_weighting_from=value)
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5, "3"])
+def test_omega_weighting_ramp_must_be_a_count_of_rounds(value):
+    with pytest.raises(ValueError, match="omega_weighting_ramp must be a round index >= 0"):
+        FedRC.Config(omega_weighting_from=5, omega_weighting_ramp=value)
+
+
+def test_omega_weighting_ramp_without_the_weighting_is_refused_naming_the_fix():
+    with pytest.raises(ValueError, match="omega_weighting_ramp=3 has no effect without omega_weighting_from"):
+        FedRC.Config(omega_weighting_ramp=3)
