@@ -309,6 +309,8 @@ def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--omega-weighting-from", type=int, default=None, help=omega_help)
     ramp_help = "FedRC's omega_weighting_ramp (rounds; with --omega-weighting-from)"
     parser.add_argument("--omega-weighting-ramp", type=int, default=0, help=ramp_help)
+    strength_help = "FedRC's omega_weighting_strength (in (0, 1]; with --omega-weighting-from)"
+    parser.add_argument("--omega-weighting-strength", type=float, default=1.0, help=strength_help)
 
 
 def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -340,4 +342,6 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
         options["omega_weighting_from"] = args.omega_weighting_from
     if args.omega_weighting_ramp:
         options["omega_weighting_ramp"] = args.omega_weighting_ramp
+    if args.omega_weighting_strength != 1.0:
+        options["omega_weighting_strength"] = args.omega_weighting_strength
     return options

@@ -31,6 +31,8 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
                +omegaw15 the same from the round after the grouping (omega_weighting_from=15);
                +omegaw15r10 / r30 the same started in steps over 10 / 30 rounds
                (omega_weighting_ramp; run in session 52 as a benchmark variant, bit-identical)
+               +omegaw15s50 the same ending at α = 0.5 (omega_weighting_strength; run in
+               session 53 as a worktree edit of the same formula)
     true       the ceiling: K = 3 with every client's γ and ω one-hot at its concept from round 1
                (``TrueConceptFedRC``: FedAvg per concept); floor 0.1, as the recommended block,
                for the recorded E-step scores
@@ -174,6 +176,9 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15r10-k6": (
         "fedrc", 6, {**OMEGAW15, "omega_weighting_ramp": 10}
     ),  # fmt: skip
+    "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15s50-k6": (
+        "fedrc", 6, {**OMEGAW15, "omega_weighting_strength": 0.5}
+    ),
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15r30-k6": (
         "fedrc", 6, {**OMEGAW15, "omega_weighting_ramp": 30}
     ),  # fmt: skip
@@ -226,7 +231,8 @@ def job_list(seeds: list[int]) -> list[Job]:
     released = held30.replace("hold30", "hold30+release")  # the cells where it frees clients first
     jobs += [Job(released, cell, s) for s in seeds for cell in ("a1", "m1")]
     jobs += [Job(released, cell, s) for cell in (ONE_CONCEPT, "a10", "m10") for s in seeds]
-    for weighted in ("omegaw15", "omegaw", "omegaw15r10", "omegaw15r30"):  # seed-major, unmet targets first
+    # seed-major, the unmet targets first
+    for weighted in ("omegaw15", "omegaw", "omegaw15r10", "omegaw15r30", "omegaw15s50"):
         weighted = released.replace("release", f"release+{weighted}")
         jobs += [Job(weighted, cell, s) for s in seeds for cell in ("m1", "a1")]
         jobs += [Job(weighted, cell, s) for s in seeds for cell in ("a10", "m10", ONE_CONCEPT)]

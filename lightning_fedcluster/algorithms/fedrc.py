@@ -251,12 +251,14 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         """Each trained copy into its own cluster with weight N_i (the authors'), or N_i · ω_ik from
         round ``omega_weighting_from`` on, so that a cluster moves at the rate of FedAvg over
         its own clients instead of its share of the data times it; over ``omega_weighting_ramp``
-        rounds the weight goes from the one to the other, N_i · ((1 − α) + α · ω_ik)."""
+        rounds the weight goes from the one to the other, N_i · ((1 − α) + α · ω_ik), and α
+        stops at ``omega_weighting_strength``."""
         start = self.config.omega_weighting_from
         if start is None or context.round_index < start:
             return super().contributions(report, plan, context)
         ramp = self.config.omega_weighting_ramp
         alpha = min(1.0, (context.round_index - start + 1) / (ramp + 1))
+        alpha *= self.config.omega_weighting_strength
         omega = report.omega.tolist()
         return [
             Contribution(k, k, float(context.num_samples) * (1.0 - alpha + alpha * omega[k]))

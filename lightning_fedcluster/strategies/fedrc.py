@@ -21,7 +21,8 @@ class FedRCStrategy(FederatedStrategy):
     ``group_round``, ``group_share``, ``group_assign``, ``group_margin``, ``group_hold``,
     ``group_late_round``, ``group_ramp``, ``group_retire``, ``group_release``,
     ``group_release_rounds``, ``merge_threshold``, ``merge_after``,
-    ``retire_after``, ``omega_weighting_from``, ``omega_weighting_ramp``, ``label_stats_floor``)
+    ``retire_after``, ``omega_weighting_from``, ``omega_weighting_ramp``, ``omega_weighting_strength``,
+    ``label_stats_floor``)
     are FedRC's options, forwarded into ``FedRC.Config``
     (:class:`~lightning_fedcluster.algorithms.fedrc_config.FedRCConfig`), where their defaults, checks
     and docs live; the strategy's ``seed`` seeds re-seeding. For the others see
@@ -59,6 +60,7 @@ class FedRCStrategy(FederatedStrategy):
         retire_after: int | None = None,
         omega_weighting_from: int | None = None,
         omega_weighting_ramp: int = 0,
+        omega_weighting_strength: float = 1.0,
         label_stats_floor: float = LABEL_STATS_FLOOR,
         **kwargs: Any,
     ) -> None:

@@ -348,6 +348,17 @@ def test_a_ramp_of_zero_is_the_weighting_from_its_first_round():
         )
 
 
+def test_a_strength_stops_alpha_there_with_or_without_a_ramp():
+    # strength 1/2: weight 40 · (1/2 + ω_ik/2); with ramp 1, α = 1/4 in round 5, then 1/2
+    strong = FedRC(3, omega_weighting_from=5, omega_weighting_strength=0.5)
+    ramped = FedRC(3, omega_weighting_from=5, omega_weighting_ramp=1, omega_weighting_strength=0.5)
+    for rule, expected in ((strong, {4: (40.0, 40.0), 5: (38.0, 22.0), 9: (38.0, 22.0)}),
+                           (ramped, {4: (40.0, 40.0), 5: (39.0, 31.0), 6: (38.0, 22.0), 9: (38.0, 22.0)})):
+        for round_index, (first, third) in expected.items():
+            got = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index))
+            assert got == [Contribution(0, 0, pytest.approx(first)), Contribution(2, 2, pytest.approx(third))]
+
+
 def test_off_by_default_every_copy_weighs_n():
     context = _round_context(round_index=50, num_samples=7)
     got = FedRC(3).contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, context)

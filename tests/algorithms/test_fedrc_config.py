@@ -79,3 +79,15 @@ def test_omega_weighting_ramp_must_be_a_count_of_rounds(value):
 def test_omega_weighting_ramp_without_the_weighting_is_refused_naming_the_fix():
     with pytest.raises(ValueError, match="omega_weighting_ramp=3 has no effect without omega_weighting_from"):
         FedRC.Config(omega_weighting_ramp=3)
+
+
+@pytest.mark.parametrize("value", [0, -0.5, 1.5, True, "0.5", float("nan")])
+def test_omega_weighting_strength_must_be_in_zero_to_one(value):
+    with pytest.raises(ValueError, match=r"omega_weighting_strength must be a number in \(0, 1\]"):
+        FedRC.Config(omega_weighting_from=5, omega_weighting_strength=value)
+
+
+def test_omega_weighting_strength_without_the_weighting_is_refused_naming_the_fix():
+    message = "omega_weighting_strength=0.5 has no effect without omega_weighting_from"
+    with pytest.raises(ValueError, match=message):
+        FedRC.Config(omega_weighting_strength=0.5)

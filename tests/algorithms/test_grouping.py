@@ -333,9 +333,11 @@ RAMP = {**ROBUST, "group_hold": 3, "group_ramp": 2}
 RAMP_RETIRE = {**RAMP, "group_retire": 0.2}  # on this fit the grouping retires one of the 3 clusters
 # Released from the hold whenever another cluster scores higher (hold_release.py): some clients are.
 RELEASING = {**ROBUST, "group_hold": 3, "group_release": 0.0, "group_release_rounds": 1}
-# The server weighs copies by N_i · (1/2 + ω_ik/2) in round index 3 (omega_weighting_from, the first
-# resumed) and by N_i · ω_ik from 4 on (a one-round omega_weighting_ramp).
-OMEGA_WEIGHTED = {**RELEASING, "omega_weighting_from": 3, "omega_weighting_ramp": 1}
+# The server weighs copies by N_i · (3/4 + ω_ik/4) in round index 3 (omega_weighting_from, the first
+# resumed) and by N_i · (1/2 + ω_ik/2) from 4 on (a one-round omega_weighting_ramp to strength 1/2).
+OMEGA_WEIGHTED = {
+    **RELEASING, "omega_weighting_from": 3, "omega_weighting_ramp": 1, "omega_weighting_strength": 0.5
+}
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 30-round hold that How clusters form recommends is the block it recommended before (hold 10, K events
 from round 30) with ``group_hold=30`` and every K event from round 50, nothing else changed; the
 release (``+release``) adds ``group_release`` to it and nothing else; the ω weighting's ramps
-(``+omegaw15r10``/``r30``) are ``+omegaw15`` with ``omega_weighting_ramp``."""
+(``+omegaw15r10``/``r30``) are ``+omegaw15`` with ``omega_weighting_ramp``, and its half strength
+(``+omegaw15s50``) with ``omega_weighting_strength=0.5``."""
 
 from __future__ import annotations
 
@@ -57,3 +58,10 @@ def test_the_omega_weighting_ramps_are_the_weighting_from_round_15_with_a_ramp()
         kind, k_start, options = CONFIGS[f"{HOLD30}+release+omegaw15r{ramp}-k6"]
         assert (kind, k_start) == ("fedrc", 6)
         assert options == {**released, "omega_weighting_from": 15, "omega_weighting_ramp": ramp}
+
+
+def test_the_half_strength_weighting_is_the_weighting_from_round_15_ending_at_one_half():
+    _, _, weighted = CONFIGS[f"{HOLD30}+release+omegaw15-k6"]
+    kind, k_start, options = CONFIGS[f"{HOLD30}+release+omegaw15s50-k6"]
+    assert (kind, k_start) == ("fedrc", 6)
+    assert options == {**weighted, "omega_weighting_strength": 0.5}

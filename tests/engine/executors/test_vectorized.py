@@ -49,6 +49,7 @@ STRATEGIES = {
         merge_after=2,
         omega_weighting_from=1,
         omega_weighting_ramp=1,
+        omega_weighting_strength=0.5,
         executor=executor,
         clients_per_chunk=4,
     ),
