@@ -311,6 +311,8 @@ def add_grouping_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--omega-weighting-ramp", type=int, default=0, help=ramp_help)
     strength_help = "FedRC's omega_weighting_strength (in (0, 1]; with --omega-weighting-from)"
     parser.add_argument("--omega-weighting-strength", type=float, default=1.0, help=strength_help)
+    clip_help = "the strategy's gradient_clip_val (each cluster copy's local gradient norm bound)"
+    parser.add_argument("--gradient-clip-val", type=float, default=None, help=clip_help)
 
 
 def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -344,4 +346,6 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
         options["omega_weighting_ramp"] = args.omega_weighting_ramp
     if args.omega_weighting_strength != 1.0:
         options["omega_weighting_strength"] = args.omega_weighting_strength
+    if args.gradient_clip_val is not None:
+        options["gradient_clip_val"] = args.gradient_clip_val
     return options

@@ -32,7 +32,10 @@ the session whose measurement led to it. ``job_list`` orders the jobs by priorit
                +omegaw15r10 / r30 the same started in steps over 10 / 30 rounds
                (omega_weighting_ramp; run in session 52 as a benchmark variant, bit-identical)
                +omegaw15s50 the same ending at α = 0.5 (omega_weighting_strength; run in
-               session 53 as a worktree edit of the same formula)
+               session 53 as a worktree edit of the same formula); +omegaw15c5 the full
+               weighting with every local gradient clipped to norm 5 per cluster copy (the
+               strategy's gradient_clip_val; run in session 54 as a worktree edit of the same
+               operation, checked bit-identical)
     true       the ceiling: K = 3 with every client's γ and ω one-hot at its concept from round 1
                (``TrueConceptFedRC``: FedAvg per concept); floor 0.1, as the recommended block,
                for the recorded E-step scores
@@ -178,6 +181,9 @@ CONFIGS: dict[str, tuple[str, int, dict[str, Any]]] = {
     ),  # fmt: skip
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15s50-k6": (
         "fedrc", 6, {**OMEGAW15, "omega_weighting_strength": 0.5}
+    ),
+    "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15c5-k6": (
+        "fedrc", 6, {**OMEGAW15, "gradient_clip_val": 5.0}
     ),
     "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15r30-k6": (
         "fedrc", 6, {**OMEGAW15, "omega_weighting_ramp": 30}

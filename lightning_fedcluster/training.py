@@ -213,7 +213,7 @@ class FederatedTraining:
         setup = LocalSetup(
             host.copies, self.plan.rule, host.task, host.seed, host.pass_rows, host.batch_size,
             self.plan.local_epochs, self.plan.drop_last, host.device, host.logits_from, classes,
-            trainer.precision_plugin.forward_context,
+            trainer.precision_plugin.forward_context, self.plan.gradient_clip_val,
         )  # fmt: skip
         # The clients' steps use the torch optimizer Lightning wraps (a round counts one step).
         runtime = ClientRuntime(setup, LocalSolver.plain(host.optimizers().optimizer, self.optimizer_layout))

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
 from lightning_fedcluster.algorithms.mixture import pad_clients, soft_e_step_rows
+from lightning_fedcluster.engine.gradient_clipping import clip_pair_gradients
 
 Params = dict[str, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -204,6 +205,7 @@ def local_sgd(
     momentum_init: Params | None = None,
     started_init: Tensor | None = None,
     return_state: bool = False,
+    gradient_clip_val: float | None = None,
 ) -> Params | tuple[Params, Params, Tensor]:
     """Run the local SGD steps of every (client, cluster) pair; returns the final [C, K, ...]
     parameters (``params`` is not modified). ``buffers`` are the K clusters' [K, ...] buffers.
@@ -216,6 +218,10 @@ def local_sgd(
 
     ``proximal`` [C, K, J] with ``anchors`` ({name: [J, ...]}): pair (c, k) also minimises
     Σ_j (proximal[c,k,j]/2)·‖θ_ck − anchors_j‖² (FedProx), whose gradient is added exactly.
+
+    ``gradient_clip_val``: each pair's gradient (the loss's and the proximal term's, before weight
+    decay, as ``clip_grad_norm_`` before ``torch.optim.SGD``'s step) is rescaled to this norm
+    where it is longer (``engine/gradient_clipping.py``).
     """
     if (proximal is None) != (anchors is None):
         raise ValueError("give proximal coefficients and anchors together")
@@ -247,12 +253,17 @@ def local_sgd(
         active = batch.active
         first = active & ~started[:m]
         started[:m] |= active
+        if proximal is not None and anchors is not None:
+            coefficients = proximal[:m]
+            grads = {
+                n: d + _proximal_gradient(live[n], coefficients.to(d), anchors[n]) for n, d in grads.items()
+            }
+        if gradient_clip_val is not None:
+            grads = clip_pair_gradients(grads, gradient_clip_val)
         for name, p in live.items():
             shape = active.shape + (1,) * (p.dim() - 2)
             step_mask, first_mask = active.view(shape), first.view(shape)
             d = grads[name]
-            if proximal is not None and anchors is not None:
-                d = d + _proximal_gradient(p, proximal[:m].to(p), anchors[name])
             if config.weight_decay:
                 d = d + config.weight_decay * p
             if config.momentum:

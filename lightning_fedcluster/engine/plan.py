@@ -34,7 +34,9 @@ class TrainingPlan:
     "float16") in memory, or in a file under ``optimizer_state_dir``; ``server_lr`` and
     ``server_optimizer`` make the server step;
     ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation;
-    ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning; ``precision`` is the Trainer's
+    ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning; ``gradient_clip_val`` clips
+    each trained copy's gradient before every local step (``engine/gradient_clipping.py``);
+    ``precision`` is the Trainer's
     ("32-true", or "bf16-mixed": the Lightning host runs every forward under Lightning's autocast,
     ``strategies/precision.py``); ``max_update_norm`` and ``min_clients_per_round`` are the server's
     checks of the clients' replies (``engine/reply_checks.py``).
@@ -57,6 +59,7 @@ class TrainingPlan:
     clients_per_round: int | None = None
     clients_per_chunk: int | None = None
     finetune_epochs: int = 0
+    gradient_clip_val: float | None = None
     precision: str = "32-true"
     max_update_norm: float | None = None
     min_clients_per_round: int = 1

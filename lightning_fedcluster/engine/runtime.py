@@ -63,7 +63,8 @@ class LocalSetup:
     ``local_steps`` cycling, or ``local_epochs`` passes with optional ``drop_last``), where
     the logits are in the models' output (``logits_from``), the rows of the label statistics
     (``num_classes``: the class count, 0 for regression) and the context every forward runs in
-    (``forward_context``: Lightning's precision plugin's, e.g. bfloat16 autocast)."""
+    (``forward_context``: Lightning's precision plugin's, e.g. bfloat16 autocast), and the norm
+    each trained copy's gradient is clipped to before a local step (``gradient_clip_val``)."""
 
     copies: ClusterCopies
     rule: Algorithm
@@ -77,6 +78,7 @@ class LocalSetup:
     logits_from: LogitsFrom = None
     num_classes: int = 0
     forward_context: Callable[[], AbstractContextManager[Any]] = nullcontext
+    gradient_clip_val: float | None = None
 
     @property
     def models(self) -> nn.ModuleList:

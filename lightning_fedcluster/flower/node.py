@@ -126,7 +126,7 @@ class NodeRuntime:
         self.setup = LocalSetup(
             self.copies, plan.rule, self.task, plan.seed, rows,
             datamodule.batch_size, plan.local_epochs, plan.drop_last, torch.device("cpu"),
-            clustered.logits_from, self.num_classes,
+            clustered.logits_from, self.num_classes, gradient_clip_val=plan.gradient_clip_val,
         )  # fmt: skip
         optimizer = flower_optimizer(clustered.models)
         layout = persistent_layout(clustered.models) if plan.optimizer_state == "persist" else None

@@ -31,6 +31,10 @@ from lightning_fedcluster.arguments import check_positive_int, check_seed
 from lightning_fedcluster.engine.checkpoint import resume_hint
 from lightning_fedcluster.engine.client_sampling import RoundSchedule, schedule_for
 from lightning_fedcluster.engine.copies import attached_trainer
+from lightning_fedcluster.engine.gradient_clipping import (
+    check_clip_with_shared_layers,
+    check_trainer_clipping,
+)
 from lightning_fedcluster.engine.optimizer_state import (
     OptimizerStateMode,
     StoreDtypeName,
@@ -72,12 +76,12 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
     own settings in four frozen, once-checked groups (``strategies/round_arguments.py``):
     ``sampling`` (``Sampling``: clients_per_round, min_clients_per_round), ``local_training``
     (``LocalTraining``: local_steps, local_epochs, drop_last, finetune_epochs, optimizer_state,
-    optimizer_state_dtype, optimizer_state_dir), ``server_update`` (``ServerUpdate``: server_lr,
-    the server optimizer, max_update_norm) and ``execution`` (``Execution``: executor,
-    clients_per_chunk), and builds its ``plan`` from them. ``shared_layers`` and ``logits_from``
-    are kept as ``module_options`` for the ClusteredModule it builds around a plain module (they
-    are the module's settings); ``seed`` is the strategy's own. A named strategy's rule options
-    live in its rule's ``Config``.
+    optimizer_state_dtype, optimizer_state_dir, gradient_clip_val), ``server_update``
+    (``ServerUpdate``: server_lr, the server optimizer, max_update_norm) and ``execution``
+    (``Execution``: executor, clients_per_chunk), and builds its ``plan`` from them.
+    ``shared_layers`` and ``logits_from`` are kept as ``module_options`` for the ClusteredModule it
+    builds around a plain module (they are the module's settings); ``seed`` is the strategy's own.
+    A named strategy's rule options live in its rule's ``Config``.
 
     Args:
         num_clusters: K, the number of cluster models: a named strategy builds its rule with it;
@@ -106,6 +110,11 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         min_clients_per_round: a round is applied only when at least this many of its clients'
             updates were accepted (otherwise the models stay and a warning says why); a round
             with none stops the run.
+        gradient_clip_val: before every local step (and FedRC-FT's fine-tuning steps), each trained
+            cluster copy's gradient is rescaled to this L2 norm where it is longer (per copy, over
+            all its parameters; None: no clipping). The clients' steps run in the engine, so this
+            takes the place of ``Trainer(gradient_clip_val=...)``, which is refused. Keeps a
+            model from blowing up when its step is large (``docs/how-clusters-form.md``).
         seed: the run's seed, its one home: drives client sampling, the rule's seeded draws and
             local minibatch order (the plan carries it), and initialises the copies of a module it wraps.
         finetune_epochs: before measuring a participating client's local accuracy, fine-tune copies
@@ -178,6 +187,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         server_tau: float | None = None,
         max_update_norm: float | None = None,
         min_clients_per_round: int = 1,
+        gradient_clip_val: float | None = None,
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -204,7 +214,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         self.sampling = Sampling(clients_per_round, min_clients_per_round)
         self.local_training = LocalTraining(
             local_steps, local_epochs, drop_last, finetune_epochs,
-            optimizer_state, optimizer_state_dtype, optimizer_state_dir,
+            optimizer_state, optimizer_state_dtype, optimizer_state_dir, gradient_clip_val,
         )  # fmt: skip
         server_optimizer_config = ServerOptimizerConfig.from_arguments(
             server_optimizer, server_momentum, server_betas, server_tau
@@ -213,6 +223,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         self.execution = Execution(executor, clients_per_chunk)
         self.module_options = ModuleOptions(shared_layers, logits_from)
         check_persist_with_shared_layers(optimizer_state, self.module_options.shared_layers)
+        clip = self.local_training.gradient_clip_val
+        check_clip_with_shared_layers(clip, self.module_options.shared_layers)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -294,6 +306,8 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         owns shared_layers and logits_from, so a strategy that sets them too is refused)."""
         model = self._wrap(model)
         check_persist_with_shared_layers(self.local_training.optimizer_state, model.shared_layers)
+        check_clip_with_shared_layers(self.local_training.gradient_clip_val, model.shared_layers)
+        check_trainer_clipping(attached_trainer(model))
         model.federated = self  # what the module reads of this strategy (engine/host.py FederatedRun)
         super().connect(model)
 

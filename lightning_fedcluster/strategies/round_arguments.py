@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from lightning_fedcluster.algorithms.server_optimizer import ServerOptimizerConfig
 from lightning_fedcluster.arguments import check_positive_int
+from lightning_fedcluster.engine.gradient_clipping import check_gradient_clip_val
 from lightning_fedcluster.engine.optimizer_state import (
     OptimizerStateMode,
     StoreDtypeName,
@@ -51,7 +52,8 @@ class LocalTraining:
     given either) or ``local_epochs`` passes (``drop_last``: without each pass's partial last
     batch); ``finetune_epochs`` of FedRC-FT before measuring local accuracy; its local optimizer's
     state ``optimizer_state`` ("reset" or "persist", stored as ``optimizer_state_dtype``, in
-    memory or in a file under ``optimizer_state_dir``)."""
+    memory or in a file under ``optimizer_state_dir``); ``gradient_clip_val``: the L2 norm each
+    trained copy's gradient is clipped to before every local step (None: no clipping)."""
 
     local_steps: int | None = None
     local_epochs: int | None = None
@@ -60,8 +62,10 @@ class LocalTraining:
     optimizer_state: OptimizerStateMode = "reset"
     optimizer_state_dtype: StoreDtypeName = "float32"
     optimizer_state_dir: str | None = None
+    gradient_clip_val: float | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "gradient_clip_val", check_gradient_clip_val(self.gradient_clip_val))
         check_positive_int("local_steps", self.local_steps, allow_none=True)
         check_positive_int("local_epochs", self.local_epochs, allow_none=True)
         if self.local_steps is not None and self.local_epochs is not None:

@@ -3,7 +3,8 @@
 from round 30) with ``group_hold=30`` and every K event from round 50, nothing else changed; the
 release (``+release``) adds ``group_release`` to it and nothing else; the ω weighting's ramps
 (``+omegaw15r10``/``r30``) are ``+omegaw15`` with ``omega_weighting_ramp``, and its half strength
-(``+omegaw15s50``) with ``omega_weighting_strength=0.5``."""
+(``+omegaw15s50``) with ``omega_weighting_strength=0.5``; the clipped weighting (``+omegaw15c5``) is
+``+omegaw15`` with the strategy's ``gradient_clip_val=5``."""
 
 from __future__ import annotations
 
@@ -65,3 +66,10 @@ def test_the_half_strength_weighting_is_the_weighting_from_round_15_ending_at_on
     kind, k_start, options = CONFIGS[f"{HOLD30}+release+omegaw15s50-k6"]
     assert (kind, k_start) == ("fedrc", 6)
     assert options == {**weighted, "omega_weighting_strength": 0.5}
+
+
+def test_the_clipped_weighting_is_the_weighting_from_round_15_with_local_gradients_clipped_to_5():
+    _, _, weighted = CONFIGS[f"{HOLD30}+release+omegaw15-k6"]
+    kind, k_start, options = CONFIGS[f"{HOLD30}+release+omegaw15c5-k6"]
+    assert (kind, k_start) == ("fedrc", 6)
+    assert options == {**weighted, "gradient_clip_val": 5.0}

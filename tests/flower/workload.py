@@ -37,12 +37,13 @@ STRATEGIES = {
     # after round 2 from the clients' reported cluster scores (a threshold that always merges);
     # the clients another cluster scores higher are released from the hold after round 1; from
     # round index 1 the server weighs each copy by N_i · (3/4 + ω_ik/4), from 2 by N_i · (1/2 + ω_ik/2)
-    # (omega_weighting_from with a one-round omega_weighting_ramp to omega_weighting_strength 1/2).
+    # (omega_weighting_from with a one-round omega_weighting_ramp to omega_weighting_strength 1/2);
+    # each copy's local gradient is clipped to norm 0.5 (gradient_clip_val).
     "fedrc_grouping": lambda: lf.FedRCStrategy(
         4, local_steps=2, group_round=1, group_hold=2, group_ramp=1, group_margin=0.9,
         group_retire=0.2, group_release=0.0, group_release_rounds=1, merge_threshold=100.0,
         merge_after=2, omega_weighting_from=1, omega_weighting_ramp=1, omega_weighting_strength=0.5,
-        executor="loop",
+        gradient_clip_val=0.5, executor="loop",
     ),
     # K = 4 on two concepts: after round 1 the server retires the clusters no client owns (ω
     # renormalised on the nodes from the alive clusters each message carries).

@@ -71,18 +71,22 @@ def test_drop_last_needs_local_epochs():
 def test_the_strategy_stores_the_groups_and_builds_its_plan_from_them() -> None:
     strategy = lf.FedRCStrategy(
         2, clients_per_round=4, min_clients_per_round=2, local_epochs=1, server_lr=0.5,
-        server_optimizer="momentum", executor="loop", max_update_norm=3, seed=9,
+        server_optimizer="momentum", executor="loop", max_update_norm=3, seed=9, gradient_clip_val=2,
     )  # fmt: skip
     assert strategy.sampling == Sampling(4, 2)
-    assert strategy.local_training == LocalTraining(local_epochs=1)
+    assert strategy.local_training == LocalTraining(local_epochs=1, gradient_clip_val=2.0)
     assert strategy.server_update == ServerUpdate(0.5, ServerOptimizerConfig("momentum"), 3.0)
     assert strategy.execution == Execution("loop")
-    for loose in ("clients_per_round", "local_steps", "server_lr", "executor", "max_update_norm"):
+    loose_names = (
+        "clients_per_round", "local_steps", "server_lr", "executor", "max_update_norm", "gradient_clip_val"
+    )
+    for loose in loose_names:
         assert not hasattr(strategy, loose), f"{loose} has a second home on the strategy"
     plan = strategy.plan
     assert (plan.clients_per_round, plan.min_clients_per_round, plan.local_epochs) == (4, 2, 1)
     assert (plan.local_steps, plan.server_lr, plan.executor, plan.max_update_norm) == (None, 0.5, "loop", 3.0)
     assert plan.server_optimizer.kind == "momentum" and plan.seed == 9 and plan.rule is strategy.algorithm
+    assert plan.gradient_clip_val == 2.0 and isinstance(plan.gradient_clip_val, float)
 
 
 def test_valid_reply_settings_pass() -> None:

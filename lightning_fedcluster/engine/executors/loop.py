@@ -37,6 +37,7 @@ from lightning_fedcluster.engine.executors.local import (
     client_share,
     estimation_pass,
 )
+from lightning_fedcluster.engine.gradient_clipping import clip_copy_gradients
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import load_state, read_state
@@ -153,6 +154,7 @@ def turn_step(
     if not bool(torch.isfinite(total)):
         raise non_finite_error(work.context.round_index, work.client, f"at local step {step}")
     solver.backward(total)
+    clip_copy_gradients(setup.models, work.trained, setup.gradient_clip_val)
     solver.step()
 
 
@@ -290,6 +292,7 @@ def finetune(module: TrainingHost, client: int, epochs: int, log_label_stats: Te
     weights = None if plan.sample_weights is None else plan.sample_weights.float()
     optimizer = local_optimizer(module.models, module.trainer)
     size = min(module.batch_size, x.shape[0])
+    clip = None if module.plan is None else module.plan.gradient_clip_val
     generator = torch.Generator().manual_seed(derive_seed(module.seed, client, FINETUNE_ORDER))
     with torch.inference_mode(False), torch.enable_grad():
         module.models.train()
@@ -301,6 +304,7 @@ def finetune(module: TrainingHost, client: int, epochs: int, log_label_stats: Te
                 batch_weights = None if weights is None else weights[index]
                 total = plan_loss(module, plan, plan.clusters, x[index], y[index], batch_weights, size, None)
                 total.backward()
+                clip_copy_gradients(module.models, plan.clusters, clip)
                 optimizer.step()
         module.models.eval()
     return report.omega

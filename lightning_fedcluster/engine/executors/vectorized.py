@@ -189,6 +189,7 @@ class VectorizedExecutor:
             momentum_init=momentum,
             started_init=started,
             return_state=layout is not None,
+            gradient_clip_val=setup.gradient_clip_val,
         )
         if layout is None:
             return result

@@ -50,6 +50,7 @@ STRATEGIES = {
         omega_weighting_from=1,
         omega_weighting_ramp=1,
         omega_weighting_strength=0.5,
+        gradient_clip_val=0.5,
         executor=executor,
         clients_per_chunk=4,
     ),

@@ -78,7 +78,7 @@ STRATEGIES = {
         4, clients_per_round=cpr, local_steps=3, group_round=1, group_hold=2, group_ramp=1,
         group_margin=0.9, group_retire=0.2, group_release=0.0, group_release_rounds=1,
         merge_threshold=100.0, merge_after=2, omega_weighting_from=1, omega_weighting_ramp=1,
-        omega_weighting_strength=0.5,
+        omega_weighting_strength=0.5, gradient_clip_val=0.5,
     ),
     "fedrc_retire": lambda cpr: lf.FedRCStrategy(6, clients_per_round=cpr, local_steps=3, retire_after=1),
     "fedrc_reseed": lambda cpr: lf.FedRCStrategy(
