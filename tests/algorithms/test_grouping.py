@@ -335,8 +335,11 @@ RAMP_RETIRE = {**RAMP, "group_retire": 0.2}  # on this fit the grouping retires 
 RELEASING = {**ROBUST, "group_hold": 3, "group_release": 0.0, "group_release_rounds": 1}
 # The server weighs copies by N_i · (3/4 + ω_ik/4) in round index 3 (omega_weighting_from, the first
 # resumed) and by N_i · (1/2 + ω_ik/2) from 4 on (a one-round omega_weighting_ramp to strength 1/2).
+# The ω weighting, and every local gradient clipped (the strategy's gradient_clip_val): a setting
+# that changes the weights, resumed with the rest.
 OMEGA_WEIGHTED = {
-    **RELEASING, "omega_weighting_from": 3, "omega_weighting_ramp": 1, "omega_weighting_strength": 0.5
+    **RELEASING, "omega_weighting_from": 3, "omega_weighting_ramp": 1, "omega_weighting_strength": 0.5,
+    "gradient_clip_val": 0.5,
 }
 
 
