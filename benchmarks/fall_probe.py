@@ -2,7 +2,9 @@
 K -> 1). Trains one ``takeoff_grid.py`` job and prints, per round, for each alive cluster its
 global model's parameter norm, how far the round moved it (``update_norm``, as
 ``TakeoffDiagnostics`` records it), and the mean and largest norm over the clients of their
-persisted SGD momentum for it (the authors' recipe keeps momentum between rounds); the clients'
+persisted SGD momentum for it (the authors' recipe keeps momentum between rounds); the median,
+90th percentile and largest norm of the local gradients its clients' steps took (before any
+``gradient_clip_val``; ``GradientNorms`` wraps the loop executor's clipping call); the clients'
 mean largest ω; the round's training loss and accuracy; and every 5 rounds the global accuracy.
 
 Probes of the cause (diagnostics, not library options): ``--no-k-events`` runs the same grouping
@@ -30,6 +32,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lightning_fedcluster.engine.executors import loop
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import make_trainer, quiet, set_threads  # noqa: E402
 from _takeoff_evaluation import make_evaluation  # noqa: E402
@@ -56,12 +60,61 @@ def probe_options(
     return k_events_from(options, k_events_after)
 
 
+class GradientNorms:
+    """Every local step's gradient norm per trained copy, before clipping: ``install`` wraps the
+    loop executor's ``clip_copy_gradients`` call until ``remove`` (a diagnostic of this script,
+    not an engine hook)."""
+
+    def __init__(self) -> None:
+        self.norms: dict[int, list[float]] = {}
+        self.original: Any = None
+
+    def install(self) -> None:
+        clip = self.original = loop.clip_copy_gradients
+
+        def recording(models: Any, copies: Any, max_norm: float | None) -> None:
+            for k in copies:
+                grads = [p.grad for p in models[k].parameters() if p.grad is not None]
+                if grads:
+                    self.norms.setdefault(k, []).append(float(torch.stack([g.norm() for g in grads]).norm()))
+            clip(models, copies, max_norm)
+
+        loop.clip_copy_gradients = recording
+
+    def remove(self) -> None:
+        if self.original is not None:
+            loop.clip_copy_gradients, self.original = self.original, None
+
+    def take(self) -> dict[int, dict[str, float]]:
+        """The round's median, 90th percentile and largest norm per cluster, and how many steps;
+        then forget them."""
+        summary = {}
+        for k, values in sorted(self.norms.items()):
+            ordered = sorted(values)
+            summary[k] = {
+                "median": ordered[len(ordered) // 2],
+                "p90": ordered[int(0.9 * (len(ordered) - 1))],
+                "max": ordered[-1],
+                "steps": len(ordered),
+            }
+        self.norms = {}
+        return summary
+
+
 class FallProbe(pl.Callback):
-    """Per round: model and update norms, persisted momentum norms, ω concentration, loss."""
+    """Per round: model and update norms, persisted momentum norms, local gradient norms, ω
+    concentration, loss."""
 
     def __init__(self, restart_after: int | None) -> None:
         self.restart_after = restart_after
         self.rows: list[dict[str, Any]] = []
+        self.gradients = GradientNorms()
+
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.gradients.install()
+
+    def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.gradients.remove()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.start = flat_models(module)
@@ -84,6 +137,9 @@ class FallProbe(pl.Callback):
                 "momentum_mean": sum(momentum) / max(len(momentum), 1),
                 "momentum_max": max(momentum, default=0.0),
             }
+        gradients = self.gradients.take()
+        for k, cluster in row["clusters"].items():
+            cluster["gradient_norm"] = gradients.get(k)
         row["omega_max_mean"] = float(state.omega[state.seen].max(1).values.mean())
         row["loss"] = float(module.round_metrics.get("train/loss", float("nan")))
         row["train_acc"] = float(module.round_metrics.get("train/acc", float("nan")))
@@ -94,6 +150,7 @@ class FallProbe(pl.Callback):
         cells = "  ".join(
             f"c{k} |θ| {c['model_norm']:.2f} |Δ| {c['update_norm']:.3f} "
             f"m {c['momentum_mean']:.1f}/{c['momentum_max']:.1f}"
+            + _gradient_text(c["gradient_norm"])
             for k, c in row["clusters"].items()
         )
         note = "  (momentum restarted)" if row.get("restarted_momentum") else ""
@@ -102,6 +159,10 @@ class FallProbe(pl.Callback):
             f"acc {row['train_acc']:.3f}{note}",
             flush=True,
         )
+
+
+def _gradient_text(norms: dict[str, float] | None) -> str:
+    return "" if norms is None else f" g {norms['p90']:.2f}/{norms['max']:.2f}"
 
 
 def check_rounds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -1,7 +1,8 @@
 """benchmarks/fall_probe.py's probe: its momentum norms are those of the persisted store, and its
 momentum restart after round R makes round R + 1 start from fresh local-optimizer state, as
 ``optimizer_state="reset"`` does every round (so a 2-round fit restarted after round 1 equals a
-reset fit to the bit, and without the restart it does not)."""
+reset fit to the bit, and without the restart it does not); its local gradient norms are taken
+before ``gradient_clip_val`` clips them, one per client and step."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from fall_probe import FallProbe  # noqa: E402
 
 
-def _fit(optimizer_state: str, probe: FallProbe | None = None):
+def _fit(optimizer_state: str, probe: FallProbe | None = None, clip: float | None = None):
     strategy = lf.FedRCStrategy(2, local_steps=2, clients_per_round=None, executor="loop",
-                                optimizer_state=optimizer_state, seed=0)  # fmt: skip
+                                optimizer_state=optimizer_state, seed=0, gradient_clip_val=clip)  # fmt: skip
     trainer = make_trainer(strategy, max_epochs=2, callbacks=[] if probe is None else [probe])
     torch.manual_seed(0)
     data = DigitsFederated(num_clients=6, concepts=2, seed=0)
@@ -92,3 +93,19 @@ def test_the_probe_refuses_rounds_that_would_never_act_before_training(tmp_path,
                "--rounds", "32", *flags]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_the_probe_records_each_step_gradient_norm_before_clipping_and_unwraps_after_the_fit():
+    from lightning_fedcluster.engine.executors import loop
+
+    original = loop.clip_copy_gradients
+    probe = FallProbe(restart_after=None)
+    _fit("persist", probe, clip=1e-3)
+    assert loop.clip_copy_gradients is original
+    for row in probe.rows:
+        for k in (0, 1):
+            norms = row["clusters"][k]["gradient_norm"]
+            assert norms["median"] <= norms["p90"] <= norms["max"]
+            assert norms["median"] > 1e-2  # the norms before the clip to 1e-3
+            assert norms["steps"] == 6 * 2  # every client, both local steps
+    assert len(probe.gradients.norms) == 0  # every round's norms were taken
