@@ -33,6 +33,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_fedcluster.engine.executors import loop
+from lightning_fedcluster.engine.gradient_clipping import copy_gradients, gradient_norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import make_trainer, quiet, set_threads  # noqa: E402
@@ -74,9 +75,9 @@ class GradientNorms:
 
         def recording(models: Any, copies: Any, max_norm: float | None) -> None:
             for k in copies:
-                grads = [p.grad for p in models[k].parameters() if p.grad is not None]
+                grads = copy_gradients(models[k])
                 if grads:
-                    self.norms.setdefault(k, []).append(float(torch.stack([g.norm() for g in grads]).norm()))
+                    self.norms.setdefault(k, []).append(float(gradient_norm(grads)))
             clip(models, copies, max_norm)
 
         loop.clip_copy_gradients = recording

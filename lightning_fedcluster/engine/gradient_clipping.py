@@ -19,6 +19,16 @@ def clip_scale(norm: Tensor, max_norm: float) -> Tensor:
     return (max_norm / norm.double()).clamp(max=1.0).to(norm.dtype)
 
 
+def copy_gradients(model: nn.Module) -> list[Tensor]:
+    """The gradients of a copy's parameters that have one."""
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def gradient_norm(grads: Sequence[Tensor]) -> Tensor:
+    """The L2 norm over several tensors (the norm of their norms, as ``clip_grad_norm_``)."""
+    return torch.stack([g.norm() for g in grads]).norm()
+
+
 def clip_copy_gradients(models: Sequence[nn.Module], copies: Iterable[int], max_norm: float | None) -> None:
     """Rescale, in place, the gradient of each copy in ``copies`` to norm ``max_norm`` where it is
     longer (the norm over all of the copy's parameters that have a gradient). None: no clipping."""
@@ -26,10 +36,9 @@ def clip_copy_gradients(models: Sequence[nn.Module], copies: Iterable[int], max_
         return
     with torch.no_grad():
         for k in copies:
-            grads = [p.grad for p in models[k].parameters() if p.grad is not None]
+            grads = copy_gradients(models[k])
             if grads:
-                norm = torch.stack([g.norm() for g in grads]).norm()
-                scale = clip_scale(norm, max_norm)
+                scale = clip_scale(gradient_norm(grads), max_norm)
                 for g in grads:
                     g.mul_(scale)
 
