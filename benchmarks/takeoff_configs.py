@@ -238,7 +238,7 @@ def job_list(seeds: list[int]) -> list[Job]:
     jobs += [Job(released, cell, s) for s in seeds for cell in ("a1", "m1")]
     jobs += [Job(released, cell, s) for cell in (ONE_CONCEPT, "a10", "m10") for s in seeds]
     # seed-major, the unmet targets first
-    for weighted in ("omegaw15", "omegaw", "omegaw15r10", "omegaw15r30", "omegaw15s50"):
+    for weighted in ("omegaw15", "omegaw", "omegaw15r10", "omegaw15r30", "omegaw15s50", "omegaw15c5"):
         weighted = released.replace("release", f"release+{weighted}")
         jobs += [Job(weighted, cell, s) for s in seeds for cell in ("m1", "a1")]
         jobs += [Job(weighted, cell, s) for s in seeds for cell in ("a10", "m10", ONE_CONCEPT)]

@@ -26,6 +26,10 @@ def test_every_job_names_a_defined_configuration_once():
     assert len({job.name for job in jobs}) == len(jobs)
 
 
+def test_every_configuration_has_jobs_in_the_grid():
+    assert {job.config for job in job_list([0])} == set(CONFIGS)
+
+
 def test_the_grid_lists_its_jobs_from_the_configurations_module(tmp_path):
     command = [sys.executable, "benchmarks/takeoff_grid.py", "run", "--data-root", str(tmp_path)]
     command += ["--out", str(tmp_path / "jobs.jsonl"), "--list", "--seeds", "0", "--only", f"{HOLD30}-k6/a1/"]
