@@ -83,7 +83,8 @@ def test_console_script_exits_zero_and_help_lists_the_strategy(tmp_path):
     assert "DigitsFederated" in done.stdout
     assert MAIN_JOB_DEFAULTS["trainer.max_epochs"] == 150
     assert "group_round: 20" in done.stdout  # the quick start recommends the robust concept grouping
-    for option in ("group_assign: mean", "group_margin: 0.7", "group_hold: 10", "group_late_round: 25"):
+    options = ("group_assign: mean", "group_margin: 0.7", "group_hold: 10", "group_late_round: 25")
+    for option in (*options, "omega_weighting_from: 20", "gradient_clip_val: 5.0"):
         assert option in done.stdout
 
 

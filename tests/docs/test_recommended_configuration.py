@@ -1,6 +1,6 @@
 """The K-from-the-data configuration that How clusters form recommends is the one the take-off grid
 measured (``benchmarks/takeoff_configs.py``'s
-``robust10+merge+removal+floor10+ramp4+gretire10+hold30+release-k6``): the page's block and the
+``robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15c5-k6``): the page's block and the
 grid's options name the same arguments with the same values, so neither can drift from the other,
 and the strategy takes them as given."""
 
@@ -15,7 +15,7 @@ from tests.docs.markdown_blocks import DOCS, ROOT, blocks
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import takeoff_configs  # noqa: E402
 
-MEASURED = "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release-k6"
+MEASURED = "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15c5-k6"
 
 
 def _recommended_call() -> ast.Call:
@@ -38,5 +38,10 @@ def test_the_recommended_configuration_is_the_measured_one():
     assert options["group_round"] + options["group_hold"] == 45  # the K events: five rounds after the hold
     assert options["group_retire"] == options["removal_threshold"] == 0.1
     assert (options["group_release"], options["group_release_rounds"]) == (0.25, 5)
-    config = lf.FedRCStrategy(num_clusters, **options).algorithm.config
-    assert {name: getattr(config, name) for name in options} == options
+    assert options["omega_weighting_from"] == options["group_round"]  # the round after the grouping
+    assert options["gradient_clip_val"] == 5.0
+    strategy = lf.FedRCStrategy(num_clusters, **options)
+    algorithm_options = {name: value for name, value in options.items() if name != "gradient_clip_val"}
+    config = strategy.algorithm.config
+    assert {name: getattr(config, name) for name in algorithm_options} == algorithm_options
+    assert strategy.local_training.gradient_clip_val == 5.0  # a strategy argument, not FedRC's
