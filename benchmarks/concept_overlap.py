@@ -6,7 +6,7 @@ the label 5 and class 9 the label 0). Under the authors' label skew a client hol
 a client of one concept can hold mostly rows that another concept labels identically: its data is
 then (almost) equally well explained by both concepts, and no clustering can be asked to place it
 by concept. ``table`` prints, per client, the share of its training rows each concept's map labels
-as the client's does; ``rescore`` recomputes a ``takeoff_grid.py`` record's concept ARI per round
+as the client's does; ``rescore`` recomputes a ``takeoff_runs.py`` record's concept ARI per round
 on the clients whose share under every other concept is at most ``--ambiguous`` (a diagnostic
 beside the done-means' ARI over all clients, not a replacement).
 
@@ -106,7 +106,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("table", help="the clients another concept labels (mostly) alike, per cell")
     r = sub.add_parser("rescore", help="a grid record's concept ARI without those clients")
-    r.add_argument("records", help="takeoff_grid.py's JSON lines")
+    r.add_argument("records", help="takeoff_runs.py's JSON lines")
     for p in (t, r):
         p.add_argument("--data-root", required=True, help="authors_comparison.py write's directory")
         p.add_argument("--ambiguous", type=float, default=0.5, help="leave out clients above this share")

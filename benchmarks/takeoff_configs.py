@@ -1,4 +1,4 @@
-"""The take-off grid's configurations and jobs (``takeoff_grid.py`` runs them): each configuration
+"""The take-off grid's configurations and jobs (``takeoff_runs.py`` runs them): each configuration
 is a strategy kind, the K it starts from and the FedRC options; each option set keeps, beside it,
 the session whose measurement led to it. ``job_list`` orders the jobs by priority.
 
