@@ -1,4 +1,4 @@
-"""Take-off mechanisms screened in issue 25 that did not become library options, kept here so that
+"""Take-off mechanisms screened in the take-off study that did not become library options, kept here so that
 their recorded numbers can be reproduced (``--anneal`` of ``authors_comparison.py run`` and
 ``digits_concepts.py``), and the true-concept ceiling of ``takeoff_runs.py``'s ``true-*`` runs.
 

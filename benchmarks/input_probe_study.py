@@ -1,4 +1,4 @@
-"""Issue 25: can an input-intensity probe place the clients whose images are inverted (a1's miss)?
+"""Can an input-intensity probe place the clients whose images are inverted (a1's miss)?
 
 On digits-28 under the authors' label skew (cell ``a1`` of ``takeoff_runs.py``) the robust grouping
 misplaces the two clients with ``inverse`` corruption (client 17: blend 0.8, client 18: blend

@@ -1,4 +1,4 @@
-"""Issue 25: which merge criterion separates a concept split over two clusters from two concepts?
+"""Which merge criterion separates a concept split over two clusters from two concepts?
 
 ``takeoff_runs.py`` keeps, for runs with merging on, each round's merge scores s_ik (client i's
 mean E-step score under cluster k: −loss − log C_{y,k}), every client's largest-ω cluster and

@@ -1,4 +1,4 @@
-"""Issue 25: which clients a take-off run places outside their concept's cluster, per seed.
+"""Which clients a take-off run places outside their concept's cluster, per seed.
 
 Reads ``takeoff_runs.py`` records (JSON lines with each round's ``owners``, the clients' largest-ω
 clusters) and the cell's ``manifest.json`` (each client's true concept). ``seeds`` prints one
@@ -98,7 +98,7 @@ def seeds(args: argparse.Namespace) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     concepts: dict[str, torch.Tensor] = {}
     for record in records(args.records, args.only):
-        if "owners" not in record:  # records before session 35 keep only the ARI
+        if "owners" not in record:  # the earliest take-off records keep only the ARI
             print(f"| {record['config']} | {record['cell']} | {record['seed']} | not recorded (no owners) |")
             continue
         cell = record["cell"]
