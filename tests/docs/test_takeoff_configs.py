@@ -9,51 +9,32 @@ form recommends is the block it recommended before (hold 10, K events from round
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.docs.markdown_blocks import ROOT
+from tests.helpers.takeoff_runs import listed_jobs, takeoff_configs
 
-SCRIPT = ROOT / "benchmarks" / "takeoff_runs.py"
 K_EVENT_ROUNDS = ("merge_after", "retire_after", "removal_after")  # the round each K event starts from
 HOLD30 = "robust10+merge+removal+floor10+ramp4+gretire10+hold30"
 HOLD10 = "robust10+merge+removal+floor10+ramp4+events30+gretire10"
 
 
-def _run(*arguments: str) -> str:
-    command = [sys.executable, str(SCRIPT), *arguments]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=120).stdout
-
-
 @pytest.fixture(scope="module")
 def configs() -> dict[str, tuple[str, int, dict]]:
-    """``takeoff_configs.py``'s configurations as ``takeoff_runs.py configs`` prints them."""
-    printed = json.loads(_run("configs"))
-    return {name: (c["kind"], c["k_start"], c["options"]) for name, c in printed.items()}
-
-
-def _listed_jobs(tmp_path, *seeds: str) -> list[str]:
-    """The job names ``takeoff_runs.py run --list`` prints (configuration/cell/seed)."""
-    return _run("run", "--data-root", str(tmp_path), "--out", str(tmp_path / "jobs.jsonl"), "--list",
-                "--seeds", *seeds).split()  # fmt: skip
+    return takeoff_configs()
 
 
 def test_every_job_names_a_defined_configuration_once(configs, tmp_path):
-    jobs = _listed_jobs(tmp_path, "0", "1")
+    jobs = listed_jobs(tmp_path, "--seeds", "0", "1")
     assert {job.rsplit("/", 2)[0] for job in jobs} <= set(configs)
     assert len(set(jobs)) == len(jobs)
 
 
 def test_every_configuration_has_jobs(configs, tmp_path):
-    assert {job.rsplit("/", 2)[0] for job in _listed_jobs(tmp_path, "0")} == set(configs)
+    assert {job.rsplit("/", 2)[0] for job in listed_jobs(tmp_path, "--seeds", "0")} == set(configs)
 
 
 def test_the_runs_list_their_jobs_from_the_configurations_module(tmp_path):
-    listed = _run("run", "--data-root", str(tmp_path), "--out", str(tmp_path / "jobs.jsonl"), "--list",
-                  "--seeds", "0", "--only", f"{HOLD30}-k6/a1/")  # fmt: skip
+    listed = listed_jobs(tmp_path, "--seeds", "0", "--only", f"{HOLD30}-k6/a1/")
     assert f"{HOLD30}-k6/a1/s0" in listed
     assert f"{HOLD30}-k6/a10/s0" not in listed
 
