@@ -151,6 +151,7 @@ def test_each_word_is_caught_and_flowers_grid_is_not():
         "until stop 55": ["stop or issue number"],
         "Issue 25: why a model falls": ["stop or issue number"],
         "see #25": ["stop or issue number"],
+        "the issue-17 run, merged in PR #31": ["stop or issue number"],
         "on a lent H100": ["lent or borrowed machine"],
         "the borrowed GPU": ["lent or borrowed machine"],
         "the take-off grid's jobs": ["experiment grid"],
