@@ -1,4 +1,4 @@
-"""Shared helpers of the performance benchmarks (issue 5): machine line, peak RSS, quiet trainers,
+"""Shared helpers of the benchmarks: machine line, peak RSS, quiet trainers,
 a per-round timer that splits each round by the engine's phase timers, and W1-shaped data."""
 
 from __future__ import annotations

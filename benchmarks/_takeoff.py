@@ -1,5 +1,5 @@
 """The take-off measure the take-off studies share (standard library only, so that
-``takeoff_grid.py summarize`` runs without torch): the first round whose concept ARI reaches
+``takeoff_runs.py summarize`` runs without torch): the first round whose concept ARI reaches
 ``TAKE_OFF_ARI``."""
 
 from __future__ import annotations

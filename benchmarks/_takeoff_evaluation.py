@@ -1,4 +1,4 @@
-"""The take-off grid's per-round evaluation callback (``takeoff_grid.py``, ``fall_probe.py``):
+"""The take-off runs' per-round evaluation callback (``takeoff_runs.py``, ``fall_probe.py``):
 what each recorded run keeps of every round."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Take-off mechanisms screened in issue 25 that did not become library options, kept here so that
+"""Take-off mechanisms screened in the take-off study that did not become library options, kept here so that
 their recorded numbers can be reproduced (``--anneal`` of ``authors_comparison.py run`` and
-``digits_concepts.py``), and the true-concept ceiling of ``takeoff_grid.py``'s ``true-*`` runs.
+``digits_concepts.py``), and the true-concept ceiling of ``takeoff_runs.py``'s ``true-*`` runs.
 
 ``AnnealedFedRC``: FedRC whose E-step raises the likelihood ratios to a power β that falls
 linearly from ``beta0`` at round 0 to 1 at round ``rounds`` (γ_jk ∝ ω_k (p_k(y_j|x_j) / C_{y_j,k})^β):

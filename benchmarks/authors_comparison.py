@@ -1,4 +1,4 @@
-"""Issue 11: the same clients for the authors' FedRC code and for this library (authors' on-disk format).
+"""The same clients for the authors' FedRC code and for this library (authors' on-disk format).
 
 `write` builds a FashionMNIST-C-like scenario from scikit-learn's digits, upsampled to 28x28, and
 writes it as the authors' FashionMNIST-C pickles, so their loader reads it as their own data:

@@ -1,4 +1,4 @@
-"""Issue 19, item 3: how soon FedRC separates the concepts across seeds, the authors' code against
+"""How soon FedRC separates the concepts across seeds, the authors' code against
 this library, each side with its own randomness (initial weights, minibatch shuffles).
 
 The differential trace (``authors_trace.py``) shows that the two compute the same round from the

@@ -1,4 +1,4 @@
-"""Issue 19: a differential trace of this library's FedRC / FedEM against the authors' code, round by round.
+"""A differential trace of this library's FedRC / FedEM against the authors' code, round by round.
 
 Both sides train on the same clients (a scenario written by ``authors_comparison.py write``), from
 the same K initial models (the library's, loaded into the authors' learners), with the same

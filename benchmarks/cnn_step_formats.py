@@ -9,7 +9,7 @@ warm-up repetitions, and "round" = ``--clients`` × K × (step + pass), the comp
 
     OMP_NUM_THREADS=1 python benchmarks/cnn_step_formats.py --clock cpu
 
-``--ceiling`` (issue 28, item 8) asks how cheap a float32 round of this recipe can get on this
+``--ceiling`` asks how cheap a float32 round of this recipe can get on this
 CPU. It counts the round's floating-point operations (``torch.utils.flop_counter``) and sets the
 channels-last float32 kernels of today's round (a) against three ways to compute less or
 better, each as the round's compute:
@@ -81,7 +81,7 @@ def round_flops(batch: int, rows: int, clients: int, clusters: int) -> tuple[flo
 
 
 def ceiling(args: argparse.Namespace) -> None:
-    """Issue 28, item 8: the float32 round's compute, and what computing less or better saves."""
+    """The float32 round's compute, and what computing less or better saves."""
     from torch.func import functional_call, grad, stack_module_state, vmap
 
     torch.manual_seed(0)
@@ -191,7 +191,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help=CLOCK_HELP)
-    parser.add_argument("--ceiling", action="store_true", help="issue 28: the float32 round's floor")
+    ceiling_help = "the float32 round's floor: what computing less or better saves"
+    parser.add_argument("--ceiling", action="store_true", help=ceiling_help)
     args = parser.parse_args()
     set_clock(args.clock)
     set_threads(args.threads)

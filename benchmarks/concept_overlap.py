@@ -1,4 +1,4 @@
-"""Issue 25: which clients of a take-off cell could another concept have labelled the same way?
+"""Which clients of a take-off cell could another concept have labelled the same way?
 
 A concept is a label permutation (FedRC App. H.8): concept 1 maps class y to C-1-y, concept 2 to
 y+1 mod C. Two such maps can agree on some classes (for C = 10, concepts 1 and 2 both give class 4
@@ -6,9 +6,9 @@ the label 5 and class 9 the label 0). Under the authors' label skew a client hol
 a client of one concept can hold mostly rows that another concept labels identically: its data is
 then (almost) equally well explained by both concepts, and no clustering can be asked to place it
 by concept. ``table`` prints, per client, the share of its training rows each concept's map labels
-as the client's does; ``rescore`` recomputes a ``takeoff_grid.py`` record's concept ARI per round
+as the client's does; ``rescore`` recomputes a ``takeoff_runs.py`` record's concept ARI per round
 on the clients whose share under every other concept is at most ``--ambiguous`` (a diagnostic
-beside the done-means' ARI over all clients, not a replacement).
+beside the take-off runs' ARI over all clients, not a replacement).
 
     python benchmarks/concept_overlap.py table --data-root /work/takeoff
     python benchmarks/concept_overlap.py rescore RECORDS.jsonl --data-root /work/takeoff
@@ -86,7 +86,7 @@ def rescore(args: argparse.Namespace) -> None:
             kept[cell] = other_share(clients, shares) <= args.ambiguous
             truth[cell] = torch.tensor([c["concept"] for c in clients])
         mask = kept[cell]
-        if "owners" not in record:  # records before session 35 keep only the ARI
+        if "owners" not in record:  # the earliest take-off records keep only the ARI
             last = f"{record['ari'][-1]:.2f} / {record['take_off']}"
             print(f"| {record['name']} | {last} | not recorded (no owners) |")
             continue
@@ -105,8 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("table", help="the clients another concept labels (mostly) alike, per cell")
-    r = sub.add_parser("rescore", help="a grid record's concept ARI without those clients")
-    r.add_argument("records", help="takeoff_grid.py's JSON lines")
+    r = sub.add_parser("rescore", help="a take-off record's concept ARI without those clients")
+    r.add_argument("records", help="takeoff_runs.py's JSON lines")
     for p in (t, r):
         p.add_argument("--data-root", required=True, help="authors_comparison.py write's directory")
         p.add_argument("--ambiguous", type=float, default=0.5, help="leave out clients above this share")

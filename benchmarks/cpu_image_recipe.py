@@ -1,4 +1,4 @@
-"""Issue 28, item 7: FedRC on images on a CPU. The user's path (``FederatedDataModule.from_tensors``
+"""FedRC on images on a CPU. The user's path (``FederatedDataModule.from_tensors``
 on [N, 1, 28, 28] images: the FedRC scenario with label skew, corruptions and three concepts)
 with a chosen network and local training, over several seeds. Printed per seed: the training
 round's cost (CPU seconds of this process, one torch thread, median over the rounds; the

@@ -7,7 +7,7 @@ and the machine; results are recorded in benchmarks/results/compare_algorithms.m
 
     python benchmarks/digits_concepts.py --seeds 0 1 2 3 4 5
 
-Options for the dead-cluster and server-optimizer studies (issue 11): ``--lr``/``--momentum``
+Options for the dead-cluster and server-optimizer studies: ``--lr``/``--momentum``
 (the local SGD), ``--optimizer-state reset|persist``, ``--server-optimizer``/``--server-lr``,
 ``--reseed-threshold δ`` (FedRCStrategy's re-seeding of dead clusters) and ``--fedrc-only``. At
 the end, ``clusters used`` counts the clusters that some seen client's largest mixture weight
@@ -17,7 +17,7 @@ none died); the per-seed line adds the models still held (``active``: not retire
 The concept grouping: ``--group-round`` and the robust grouping's ``--group-assign/-margin/-hold/
 -late-round`` (``_common.add_grouping_arguments``; the quick start's configuration is
 ``--group-round 20 --group-assign mean --group-margin 0.7 --group-hold 10 --group-late-round 25``).
-Issue 25's spurious-cluster checks: ``--concepts 1`` (DigitsFederated's concept count) with
+The take-off study's spurious-cluster checks: ``--concepts 1`` (DigitsFederated's concept count) with
 ``--group-round``/``--merge-threshold``/``--merge-after``/``--retire-after``, and
 ``--num-clusters 6`` on three concepts; ``--show-merges`` prints each merge's and retirement's note.
 """

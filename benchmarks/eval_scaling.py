@@ -19,7 +19,7 @@ ClusteredModule and MLPClassifier.
 
     OMP_NUM_THREADS=1 python benchmarks/eval_scaling.py --clients 2000 10000
 
-``--per-round R`` measures the recipe of issue 28 instead, round by round: ``from_tensors`` on
+``--per-round R`` measures the many-clients recipe instead, round by round: ``from_tensors`` on
 2,000 clients x 20 rows of 64 features (``--data digits``: scikit-learn's digits drawn with
 replacement; ``gaussian``: N(0, 1) features labelled by the argmax of the first ten, a task the
 models learn), concepts=3 without corruption, FedRC(num_clusters=3, local_steps=2,
@@ -92,7 +92,7 @@ def digits_datamodule(
 
 
 def recipe_datamodule(data: str, seed: int) -> FederatedDataModule:
-    """Issue 28's recipe: ``from_tensors`` on 2,000 clients x 20 rows of 64 features."""
+    """The many-clients recipe: ``from_tensors`` on 2,000 clients x 20 rows of 64 features."""
     generator = torch.Generator().manual_seed(seed)
     rows = RECIPE_CLIENTS * 20
     if data == "digits":
@@ -108,7 +108,7 @@ def recipe_datamodule(data: str, seed: int) -> FederatedDataModule:
 
 
 def per_round(args: argparse.Namespace) -> None:
-    """The issue-28 recipe round by round: validation of 2,000 clients against a 200-client round."""
+    """The many-clients recipe round by round: validation of 2,000 clients against a 200-client round."""
     dm = recipe_datamodule(args.data, args.seed)
     strategy = FedRCStrategy(
         num_clusters=3, local_steps=2, clients_per_round=200, seed=args.seed, executor=args.executor
@@ -122,10 +122,11 @@ def per_round(args: argparse.Namespace) -> None:
     print(machine_line())
     print(f"command: {command_line()}")
     print(
-        f"issue-28 recipe: from_tensors, {RECIPE_CLIENTS} clients x 20 rows of 64 features ({args.data}), "
-        f"concepts=3, no corruption, {dm.num_global_clients} global clients; MLPClassifier 64-128-10, "
-        f"FedRC(3, local_steps=2, clients_per_round=200), executor {module.executor}; validation: every "
-        f"client and global client, after each round and before training (round 0)"
+        f"many-clients recipe: from_tensors, {RECIPE_CLIENTS} clients x 20 rows of 64 features "
+        f"({args.data}), concepts=3, no corruption, {dm.num_global_clients} global clients; "
+        f"MLPClassifier 64-128-10, FedRC(3, local_steps=2, clients_per_round=200), "
+        f"executor {module.executor}; "
+        f"validation: every client and global client, after each round and before training (round 0)"
     )
     print(f"{'round':>6}{'train s':>10}{'validate s':>12}{'ratio':>8}{'target':>8}")
     ratios = []
@@ -219,7 +220,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads with --clock wall (0: default)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help=CLOCK_HELP)
     parser.add_argument("--repeats", type=int, default=1, help="validations per client count (median)")
-    parser.add_argument("--per-round", type=int, default=0, help="rounds of the issue-28 recipe (0: off)")
+    parser.add_argument("--per-round", type=int, default=0, help="rounds of the many-clients recipe (0: off)")
     parser.add_argument("--data", choices=("digits", "gaussian"), default="digits", help="--per-round data")
     parser.add_argument(
         "--flat", action="store_true", help="time the unseen-client E-step on flat likelihoods"

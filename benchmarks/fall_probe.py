@@ -1,5 +1,5 @@
-"""Issue 25: why a run's model falls to chance after the grouping or a K event (one concept,
-K -> 1). Trains one ``takeoff_grid.py`` job and prints, per round, for each alive cluster its
+"""Why a run's model falls to chance after the grouping or a K event (one concept,
+K -> 1). Trains one ``takeoff_runs.py`` job and prints, per round, for each alive cluster its
 global model's parameter norm, how far the round moved it (``update_norm``, as
 ``TakeoffDiagnostics`` records it), and the mean and largest norm over the clients of their
 persisted SGD momentum for it (the authors' recipe keeps momentum between rounds); the median,

@@ -1,5 +1,5 @@
 """Concept grouping variants screened offline on recorded client signatures: which grouping
-survives clients with corrupted images and clients that share few labels (issue 25).
+survives clients with corrupted images and clients that share few labels (the take-off study).
 
 Reads the signatures a ``TakeoffDiagnostics(keep_signatures=True)`` run recorded (``authors_comparison.py
 run --diagnostics DIR``) and, for each listed round, groups the clients as ``group_round`` would

@@ -1,6 +1,6 @@
-"""Issue 25: can an input-intensity probe place the clients whose images are inverted (a1's miss)?
+"""Can an input-intensity probe place the clients whose images are inverted (a1's miss)?
 
-On digits-28 under the authors' label skew (cell ``a1`` of ``takeoff_grid.py``) the robust grouping
+On digits-28 under the authors' label skew (cell ``a1`` of ``takeoff_runs.py``) the robust grouping
 misplaces the two clients with ``inverse`` corruption (client 17: blend 0.8, client 18: blend
 0.4 of the inverted image), and FedRC's E-step keeps them there. A feature shift that is an affine
 map of pixel intensities (inversion, contrast) can be undone at the input, a concept shift (a
@@ -9,7 +9,7 @@ fit ``x -> a * x + b`` (two scalars, Adam, from each of ``--starts`` for a) on t
 training rows; the cluster with the lowest cross-entropy after the fit is where the probe would
 place the client.
 
-The script trains a ``takeoff_grid.py`` configuration for ``--rounds`` rounds (the robust one's
+The script trains a ``takeoff_runs.py`` configuration for ``--rounds`` rounds (the robust one's
 late pass acts after round 20), then prints, per client: its concept and style, its ω, the
 cross-entropy per cluster at the identity (what the E-step's likelihood sees) and after the fit,
 and whether each argmin is the client's concept's cluster (the cluster that holds most of the
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=20)
     fedrc = [name for name, (kind, _, _) in CONFIGS.items() if kind == "fedrc"]
-    parser.add_argument("--config", default="robust", choices=fedrc, help="a takeoff_grid.py configuration")
+    parser.add_argument("--config", default="robust", choices=fedrc, help="a takeoff_runs.py configuration")
     parser.add_argument("--steps", type=int, default=30, help="Adam steps of the probe (lr 0.1)")
     parser.add_argument(
         "--starts",

@@ -1,4 +1,4 @@
-"""Issue 25: how much of each concept's global test rows carries a label its clients never train on?
+"""How much of each concept's global test rows carries a label its clients never train on?
 
 Under the authors' label skew (Dir(α · p) per client) a concept held by a few clients can miss a
 label almost entirely; its cluster model is then never trained to predict that label, however well

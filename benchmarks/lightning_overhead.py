@@ -1,4 +1,4 @@
-"""Issue 26: what Lightning's bookkeeping costs per fit, before and after a round became one
+"""What Lightning's bookkeeping costs per fit, before and after a round became one
 Lightning batch (earlier commits ran one Lightning batch per client-step, or per chunk of
 clients on the vectorised executor). A small fit (FedRC, DigitsFederated, 30 clients, 10 per
 round, 5 local steps, MLP, 20 rounds, no validation) timed in this process, one warm-up then

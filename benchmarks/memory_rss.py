@@ -1,4 +1,4 @@
-"""Whole-process peak RSS of the issue-17 memory scenario, measured from outside with /usr/bin/time -v.
+"""Whole-process peak RSS of the 300-client memory scenario, measured from outside with /usr/bin/time -v.
 
 300 clients x 200 samples of FashionMNIST-sized inputs ([1, 28, 28], 10 classes), FashionCNN, K = 3
 FedRC, one local epoch of batch 128, every client in every round, 2 rounds, no validation. Each

@@ -1,6 +1,6 @@
-"""Issue 25: which merge criterion separates a concept split over two clusters from two concepts?
+"""Which merge criterion separates a concept split over two clusters from two concepts?
 
-``takeoff_grid.py`` keeps, for runs with merging on, each round's merge scores s_ik (client i's
+``takeoff_runs.py`` keeps, for runs with merging on, each round's merge scores s_ik (client i's
 mean E-step score under cluster k: −loss − log C_{y,k}), every client's largest-ω cluster and
 log C. This script replays them offline and, per round, looks at every pair of clusters that both
 own a client: the pair is *same-concept* when the clients of both clusters are mostly of one

@@ -1,6 +1,6 @@
-"""Issue 25: which clients a take-off run places outside their concept's cluster, per seed.
+"""Which clients a take-off run places outside their concept's cluster, per seed.
 
-Reads ``takeoff_grid.py`` records (JSON lines with each round's ``owners``, the clients' largest-ω
+Reads ``takeoff_runs.py`` records (JSON lines with each round's ``owners``, the clients' largest-ω
 clusters) and the cell's ``manifest.json`` (each client's true concept). ``seeds`` prints one
 markdown row per run, as in ``benchmarks/results/takeoff.md``: the concept ARI at rounds 15, 20,
 25, 30 and the last; the take-off round (first ARI >= 0.8); how many rounds from 15 on have ARI
@@ -18,7 +18,7 @@ many of the clients misplaced during the hold and how many placed right such a r
 the chance that a misplaced client-round's margin exceeds a right one's (AUC; 0.5 is chance), and
 the longest streak above the first margin (``longest_streak``: below ``group_release_rounds`` on
 every run of a cell, the release frees nobody there and its runs are the hold's). ``ceiling``
-reads the true-concept runs (``takeoff_grid.py``'s ``true``: every client trains its concept's
+reads the true-concept runs (``takeoff_runs.py``'s ``true``: every client trains its concept's
 model from round 1): per run, the global accuracy with the clients' own E-step (``acc``) and with
 their concept's model (``acc_true``), and the ARI of placing each client by its largest E-step
 score under those models (where FedRC's E-step would pull it), with the clients so misplaced.
@@ -98,7 +98,7 @@ def seeds(args: argparse.Namespace) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     concepts: dict[str, torch.Tensor] = {}
     for record in records(args.records, args.only):
-        if "owners" not in record:  # records before session 35 keep only the ARI
+        if "owners" not in record:  # the earliest take-off records keep only the ARI
             print(f"| {record['config']} | {record['cell']} | {record['seed']} | not recorded (no owners) |")
             continue
         cell = record["cell"]
@@ -263,7 +263,7 @@ def main() -> None:
     by_margin.add_argument("--in-a-row", type=int, default=1, help="rounds the margin must exceed m")
     by_ceiling = sub.add_parser("ceiling", help="the true-concept runs: accuracy and placement by score")
     for p in (by_seed, by_score, by_margin, by_ceiling):
-        p.add_argument("records", help="takeoff_grid.py's JSON lines")
+        p.add_argument("records", help="takeoff_runs.py's JSON lines")
         p.add_argument("--data-root", required=True, help="authors_comparison.py write's directory")
         p.add_argument("--only", nargs="*", default=[], help="keep runs whose name contains a word")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""Write the take-off study's five data sets under one folder, as ``takeoff_grid.py run
+"""Write the take-off study's five data sets under one folder, as ``takeoff_runs.py run
 --data-root`` reads them: each is one ``authors_comparison.py write`` (25 clients × (160 train +
 40 test) rows, seed 0), run as a subprocess so that each manifest records its own command.
 
@@ -8,13 +8,14 @@
     m10      MNIST 5k, Dir(1.0) per class
     m10-one  MNIST 5k, Dir(1.0) per class, every client of concept 0 (the one-concept scenario)
 
-``m10-one`` is the command recorded on 2026-11-27. The one-concept set of sessions 33–38 was
-written by a command nobody recorded, and this one is not it: FedAvg's seed 0 scores 43.2 % at
-round 5 here against 44.2 % in those records (m10, checked the same way, reproduces its records to
-the bit). Compare one-concept runs only within one data set.
+``m10-one`` is the command recorded on 2026-11-27. The one-concept set of the records from
+2026-11-26 was written by a command nobody recorded, and this one is not it: FedAvg's seed 0 scores
+43.2 % at round 5 here against 44.2 % in those records (m10, checked the same way, reproduces its
+records to the bit). Compare one-concept runs only within one data set.
 
     python benchmarks/takeoff_data.py --data-root /work/takeoff
     python benchmarks/takeoff_data.py --data-root /work/takeoff --only a1 a10
+    python benchmarks/takeoff_data.py --data-root /work/takeoff --only m10-one --print
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ def main() -> None:
         "--only", nargs="+", choices=tuple(CELL_ARGUMENTS), default=list(CELL_ARGUMENTS),
         help="write these sets only (default: all five)",
     )  # fmt: skip
+    parser.add_argument("--print", action="store_true", help="print the commands, write nothing")
     args = parser.parse_args()
     for cell in args.only:
         command = write_command(args.data_root, cell)
         print("+ " + " ".join(["python", *command[1:]]), flush=True)
-        subprocess.run(command, check=True)
+        if not args.print:
+            subprocess.run(command, check=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Issue 25: the figure of the docs page "How clusters form", from ``TakeoffDiagnostics`` records.
+"""The figure of the docs page "How clusters form", from ``TakeoffDiagnostics`` records.
 
 Each ``--run LABEL=PATH`` is a JSON written by ``TakeoffDiagnostics`` (``authors_comparison.py run
 --diagnostics DIR`` writes DIR/seed<s>.json). Six panels per round: the concept ARI of the

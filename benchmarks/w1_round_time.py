@@ -1,4 +1,4 @@
-"""W1 (issue 5): seconds per round of FedRC through the public API against a bare PyTorch loop.
+"""W1: seconds per round of FedRC through the public API against a bare PyTorch loop.
 
 30 clients × 180 training samples (+45 local test samples each), FashionMNIST-shaped random
 inputs [1, 28, 28] (timing does not depend on content), 10 classes, FashionCNN

@@ -1,4 +1,4 @@
-"""W2 (issue 5): seconds per round of FedEM on the FedEM paper's synthetic task.
+"""W2: seconds per round of FedEM on the FedEM paper's synthetic task.
 
 FedEMSynthetic (300 clients, d = 150, binary, 3 components, Dirichlet(0.4) mixtures,
 log-normal sizes, 80/20 train/test per client), linear model (MLPClassifier(hidden=()),

@@ -1,4 +1,4 @@
-"""W3 (issue 5): peak resident memory against the number of clients, each setting in a fresh process.
+"""W3: peak resident memory against the number of clients, each setting in a fresh process.
 
 FashionCNN, K = 3 FedRC, one local epoch of batch 128, one round plus one evaluation of every
 client's local test split. Each client holds N samples of random [1, 28, 28] inputs, split

@@ -1,4 +1,4 @@
-"""W4 (issue 5): rounds per second of W1 with 1 process against 2 processes (gloo, CPU).
+"""W4: rounds per second of W1 with 1 process against 2 processes (gloo, CPU).
 
 W1's workload (30 clients × 180 samples, FashionCNN, K = 3 FedRC, batch 128, one local epoch,
 evaluation every round) with one torch thread per process (OMP_NUM_THREADS=1), run as

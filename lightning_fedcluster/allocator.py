@@ -5,7 +5,8 @@ on free, but every free of such a mapping raises the threshold to its size (up t
 the first freed tensors, activations, minibatch copies and no-grad pass outputs come from the
 heap, which only shrinks from its top; their sizes vary with the clients' sizes, the freed holes
 are rarely reused, and the heap grew by ~0.8 GB over two rounds of a 300-client
-FashionMNIST-sized run (issue 17). ``malloc_trim`` hands the free pages inside the heap back.
+FashionMNIST-sized run (``benchmarks/results/memory.md``). ``malloc_trim`` hands the free pages
+inside the heap back.
 Off glibc (or before 2.33, without ``mallinfo2``) nothing is done.
 Fixing the threshold instead (``mallopt``) cost ~9x the system time in page faults, since every
 activation then gets fresh pages; a trim between clients when much is free costs little. Values
@@ -63,7 +64,7 @@ def release_free_heap(min_free_bytes: int = TRIM_FREE_BYTES) -> bool:
     """``malloc_trim(0)`` when the arenas hold more than ``min_free_bytes`` free; True if it ran.
     Called before every client's turn, so RSS follows the live tensors. Free bytes stay counted
     once trimmed, so a run that crossed the bound trims before every turn: ~60 ms of system time
-    per client in the issue-17 run (pages a turn reuses fault in again), none in small runs."""
+    per client in the 300-client memory run (pages a turn reuses fault in again), none in small runs."""
     if _LIBC is None or free_heap_bytes() <= min_free_bytes:
         return False
     _LIBC.malloc_trim(0)

@@ -43,11 +43,12 @@ MAIN_JOB_DEFAULTS = {
         "class_path": "lightning_fedcluster.datamodules.DigitsFederated",
         "init_args": {"num_clients": 30, "concepts": 3, "dirichlet_alpha": 1.0, "seed": 0},
     },
-    # The robust concept grouping after round 20 (issue 25, benchmarks/results/takeoff.md): the plain
-    # grouping left no dead cluster on six seeds (global accuracy 0.905 against 0.753 without it); the
-    # mean assignment, the margin, a 10-round hold and the late pass 0.911 (the take-off cells' best);
-    # the server weighing copies by ω from the grouping on, with each copy's local gradient clipped
-    # at norm 5 (a loss spike's guard: five of six seeds end as without it), 0.923, higher on each seed.
+    # The robust concept grouping after round 20 (the take-off study, benchmarks/results/takeoff.md):
+    # the plain grouping left no dead cluster on six seeds (global accuracy 0.905 against 0.753
+    # without it); the mean assignment, the margin, a 10-round hold and the late pass 0.911 (the
+    # take-off cells' best); the server weighing copies by ω from the grouping on, with each copy's
+    # local gradient clipped at norm 5 (a loss spike's guard: five of six seeds end as without it),
+    # 0.923, higher on each seed.
     "trainer.strategy": {
         "class_path": "lightning_fedcluster.FedRCStrategy",
         "init_args": {

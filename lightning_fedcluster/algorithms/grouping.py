@@ -35,7 +35,7 @@ and the concept's clients drift out of it (measured on digits-28, ``docs/how-clu
 a grouped client's γ blends the E-step's per-sample γ with its ω, α·ω + (1 − α)·γ with
 α = h / (ramp + 1) in held round h = 1, 2, ... (then γ = ω). Without it, a cluster that had learned
 only the samples it fits (γ ≈ 0 on the others) gets 0.9 of every sample at once; its round update
-grew 5x and it died on 2 of 5 one-concept seeds (``benchmarks/results/takeoff.md``, session 40).
+grew 5x and it died on 2 of 5 one-concept seeds (the take-off study, ``benchmarks/results/takeoff.md``).
 
 ``late_round`` (with ``margin``) places the clients the margin left out, once the grouped clusters
 have specialised: the clients keep computing signatures until then, and after round ``late_round``

@@ -5,7 +5,7 @@ The grouping's hold (:mod:`.grouping`) keeps a grouped client's ω as grouped fo
 that each concept's cluster learns all of its concept's labels before FedRC's E-step may move samples
 again. A client the grouping put in the wrong group is held there as well, and its cluster trains on
 its data for the whole hold. The hold lengths measured trade one case against the other
-(``benchmarks/results/takeoff.md``, sessions 47 and 48): a 30-round hold wins where the grouping is
+(the take-off study, ``benchmarks/results/takeoff.md``): a 30-round hold wins where the grouping is
 right, a 20-round hold where it misplaces clients. The release ends the hold for one client at a time.
 
 In every held round each client reports its E-step score per cluster (the merge rule's

@@ -6,9 +6,9 @@ stale nodes (``nodes.restore_stores``), sends each node holding sampled clients 
 models, the alive clusters, log C_{y,k}, the round's scheduled hyperparameters and the store
 entries the server owns or rewrote, and merges the nodes' float64 updates and reports into the
 round once they pass the server's checks (``aggregation.py``). A node that fails or does not
-answer within ``round_timeout`` is dropped from the round (logged) and asked again once the grid
-lists it again. ``estimate`` and ``validate`` ask the nodes for an estimation pass (FedSoft) and
-a validation pass; ``collect`` gathers their client stores (simulation). Log lines name rounds
+answer within ``round_timeout`` is dropped from the round (logged) and asked again once Flower's
+``Grid`` lists it again. ``estimate`` and ``validate`` ask the nodes for an estimation pass
+(FedSoft) and a validation pass; ``collect`` gathers their client stores (simulation). Log lines name rounds
 1-based, as the progress lines do.
 """
 

@@ -2,7 +2,7 @@
 nodes lost or refused, and nodes that come back.
 
 A node that fails, misses ``round-timeout`` or sends a rejected reply leaves that round; a lost
-node, or a new one (a restarted SuperNode), that the grid lists again is described again at the
+node, or a new one (a restarted SuperNode), that the Flower grid lists again is described again at the
 next round's start and, when it claims the partition of a lost node with the same clients, takes
 that partition over from that round on. A node claiming a partition that a live node holds is
 refused (named once) and the run goes on without it. Before a returning or rejected node trains
@@ -116,7 +116,7 @@ def refuse(node: int, claimed: int, holder: int, refused: dict[int, int]) -> Non
 def readmit(
     grid: Grid, federation: Federation, num_clusters: int, timeout: float | None, round_index: int
 ) -> None:
-    """Lost nodes that the grid lists again, and new ones, described again: a node claiming a lost
+    """Lost nodes that ``grid`` lists again, and new ones, described again: a node claiming a lost
     node's partition (its clients) takes it over from this round on; one claiming a live node's
     partition is refused."""
     known = set(federation.partition) - federation.lost

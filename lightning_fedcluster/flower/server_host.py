@@ -1,7 +1,7 @@
 """The Flower server (the ServerApp's side): a host of the library's round, as the Lightning
 module is. It waits for the nodes and learns which clients each holds, keeps the K global models
 and the server's client store (ω, label sums, participation, alive clusters), and hands the rounds
-to ``RoundDriver.run`` (``engine/federation.py``) with the grid as the executor (``grid.py``:
+to ``RoundDriver.run`` (``engine/federation.py``) with the Flower grid as the executor (``grid.py``:
 the nodes train the round's clients). After each round it logs the metrics, runs the nodes'
 validation pass every ``eval_every`` rounds and checkpoints its state for ``resume``
 (``server_state.py``). Log lines name rounds 1-based, as the progress lines do ("round 3/10").
@@ -116,7 +116,7 @@ class FlowerServer:
 
     # -- rounds --------------------------------------------------------------------------------
     def run(self, grid: Grid) -> Any:
-        """Every round on the grid; returns the module with the trained global models and the
+        """Every round on ``grid``; returns the module with the trained global models and the
         server's client store (plus the nodes' stores with ``collect_client_state``)."""
         console_logging()
         if self.save_path and os.path.exists(self.save_path):
@@ -132,7 +132,7 @@ class FlowerServer:
             raise
 
     def rounds(self, grid: Grid) -> Any:
-        """The engine's rounds (``RoundDriver.run``) with the grid as the executor."""
+        """The engine's rounds (``RoundDriver.run``) with ``grid`` as the executor."""
         module, plan = self.module, self.plan
         federation = self.describe(grid, self.wait_for_nodes(grid))
         num_clients = len(federation.sizes)

@@ -1,6 +1,6 @@
 """The documented `benchmarks/takeoff_data.py` command writes the take-off cells with the
 recorded arguments: a1 (digits, the authors' skew) and a10 (Dir(1.0) per class) as their
-manifests say, and m10-one's command puts every client in concept 0."""
+manifests say, and m10-one's command (``--print`` shows it) puts every client in concept 0."""
 
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ def test_takeoff_data_rejects_an_unknown_cell(tmp_path):
 
 
 def test_the_one_concept_command_puts_every_client_in_concept_0(tmp_path):
-    sys.path.insert(0, str(SCRIPT.parent))
-    from takeoff_data import write_command
-
-    command = write_command(tmp_path, "m10-one")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--data-root", str(tmp_path), "--only", "m10-one",
+                           "--print"], capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    (line,) = done.stdout.splitlines()
+    command = line.removeprefix("+ ").split()
+    assert command[:3] == ["python", str(SCRIPT.parent / "authors_comparison.py"), "write"]
     at = command.index("--concept-proportions")
     assert command[at + 1 : at + 4] == ["1", "0", "0"]
     assert command[command.index("--out") + 1] == str(tmp_path / "m10-one")
+    assert not (tmp_path / "m10-one").exists()  # --print writes nothing

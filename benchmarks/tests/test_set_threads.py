@@ -1,24 +1,19 @@
 """benchmarks/_common.py's ``set_threads``: the benchmarks' ``--threads`` must survive Lightning's
 launcher, which (``_set_num_threads_if_needed``, called as the library's strategies launch) resets
 torch's thread count to the cores per process unless ``OMP_NUM_THREADS`` is set. A plain
-``torch.set_num_threads`` before the fit is overridden: takeoff_grid.py's two "one-thread" workers
-each ran two threads on two cores until session 44. Since session 45 the library's launchers keep a
-one-process fit's thread count themselves (``tests/strategies/test_launchers.py``); the benchmarks
-still pin both, for their several-process runs."""
+``torch.set_num_threads`` before the fit is overridden: takeoff_runs.py's two "one-thread" workers
+each ran two threads on two cores before ``set_threads`` pinned both. The library's launchers now
+keep a one-process fit's thread count themselves (``tests/strategies/test_launchers.py``); the
+benchmarks still pin both, for their several-process runs."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
+from _common import set_threads
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed, _suggested_max_num_threads
-
-from tests.docs.markdown_blocks import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import set_threads  # noqa: E402
 
 
 @pytest.fixture

@@ -1,22 +1,17 @@
-"""The take-off grid's ceiling (``benchmarks/_takeoff_variants.py``'s ``TrueConceptFedRC``, the
+"""The take-off study's ceiling (``benchmarks/_takeoff_variants.py``'s ``TrueConceptFedRC``, the
 ``true`` runs): every client's ω is one-hot at its concept, only its concept's model trains on it,
 and its E-step scores are reported every round."""
 
 from __future__ import annotations
 
-import sys
-
 import lightning.pytorch as pl
 import pytest
 import torch
+from _takeoff_variants import TrueConceptFedRC, true_concepts
 from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
-from tests.docs.markdown_blocks import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _takeoff_variants import TrueConceptFedRC, true_concepts  # noqa: E402
 
 
 def _context(client: int, num_samples: int, round_index: int = 4) -> ClientContext:
@@ -74,4 +69,3 @@ def test_through_a_fit_only_a_concept_s_clients_train_its_model():
         assert moved == (k != 2)
     scores = state.extra[CLUSTER_SCORES]
     assert scores.shape == (6, 3) and bool(torch.isfinite(scores).all()) and bool((scores != 0).any())
-

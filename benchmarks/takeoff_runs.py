@@ -1,12 +1,13 @@
-"""Issue 25's done-means grid: the take-off cells, the one-concept scenario and K started at 6, as
-parallel worker processes (e.g. eight sharing one GPU), one JSON line per job.
+"""The take-off study's runs: the take-off cells, the one-concept scenario and K started at 6, as
+parallel worker processes (e.g. eight sharing one GPU), one JSON line per job, and the table that
+checks them against the study's targets.
 
 A job is (configuration, cell, seed): the authors' FashionMNIST-C recipe of
 ``authors_comparison.py run`` (FashionCNN, SGD lr 0.06, momentum 0.9 kept between rounds
 (``optimizer_state='persist'``), weight decay 5e-4, batch 128, one local step, every client every
 round) on a data set written by ``authors_comparison.py write`` (``takeoff_data.py`` writes all five).
 The configurations (plain FedRC, the grouping and its variants, the K events, FedAvg) and the
-job list live in ``takeoff_configs.py``.
+job list live in ``takeoff_configs.py``; ``configs`` prints them as JSON.
 
 Recorded per job: the concept ARI of every round, the take-off round (first round with ARI >= 0.8),
 the global accuracy (the written global clients: ω fitted on their adapt rows, scored on their
@@ -17,9 +18,10 @@ the final K (alive clusters), the clusters that explain < 5 % of the data (dead)
 before 2026-11-26 read it after the fit, when Lightning's teardown had moved the module to the CPU,
 so their ``device`` says ``cpu`` whatever the accelerator).
 
-    PYTHONPATH=$PWD python3 benchmarks/takeoff_grid.py run --data-root /work/takeoff \\
-        --accelerator cuda --workers 8 --executor vectorized --budget-s 420 --out /tmp/grid/jobs.jsonl
-    PYTHONPATH=$PWD python3 benchmarks/takeoff_grid.py summarize /tmp/grid/jobs.jsonl
+    PYTHONPATH=$PWD python3 benchmarks/takeoff_runs.py run --data-root /work/takeoff \\
+        --accelerator cuda --workers 8 --executor vectorized --budget-s 420 --out /tmp/takeoff/jobs.jsonl
+    PYTHONPATH=$PWD python3 benchmarks/takeoff_runs.py summarize /tmp/takeoff/jobs.jsonl
+    python3 benchmarks/takeoff_runs.py configs
 
 ``run --list`` prints the job list; ``--only`` keeps jobs whose name contains one of the words;
 ``--max-jobs`` keeps the first N in priority order (the mechanism on the four cells, the
@@ -68,7 +70,7 @@ def run_job(job: Job, settings: Settings) -> dict[str, Any]:
     start = time.time()
     try:
         return {**execute(job, settings), "seconds": time.time() - start}
-    except Exception:  # noqa: BLE001 - one failed job must not stop the grid
+    except Exception:  # noqa: BLE001 - one failed job must not stop the others
         if settings.executor != "loop":  # an executor that fails here: the loop runs every rule
             first = traceback.format_exc().strip().splitlines()[-1]
             record = run_job(job, replace(settings, executor="loop"))
@@ -270,7 +272,7 @@ def summarize(args: argparse.Namespace) -> None:
             median = _median(took + [args.rounds + 1] * (total - len(took)))
             final = {cell: _mean([r["acc_last"] for r in by.get((config, cell), [])]) for cell in MNIST_CELLS}
             print(
-                f"{config:<{wide}}{'all':<6}{total:>5}{len(took):>10}  done means: "
+                f"{config:<{wide}}{'all':<6}{total:>5}{len(took):>10}  targets: "
                 f"take-offs {len(took)}/{total} (>= 18 of 20), "
                 f"median take-off {median} (<= 25; not taken off = {args.rounds + 1}), "
                 f"mean r{args.rounds} accuracy m1 {final['m1']}, m10 {final['m10']} (>= 88 at r60)"
@@ -313,6 +315,14 @@ def summarize(args: argparse.Namespace) -> None:
         print(f"FAILED {r['name']}: {r['error'].strip().splitlines()[-1]}")
 
 
+def print_configs(args: argparse.Namespace) -> None:
+    """Every configuration as JSON: its strategy kind, the K it starts from and its FedRC options."""
+    table = {
+        name: {"kind": kind, "k_start": k, "options": options} for name, (kind, k, options) in CONFIGS.items()
+    }
+    print(json.dumps(table, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -339,11 +349,12 @@ def main() -> None:
     r.add_argument("--max-jobs", type=int, default=None, help="the first N jobs in priority order")
     r.add_argument("--budget-s", type=float, default=None, help="stop (keeping finished jobs) after this")
     r.add_argument("--list", action="store_true", help="print the jobs and stop")
-    s = sub.add_parser("summarize", help="print the done-means table of a records file")
+    s = sub.add_parser("summarize", help="print the table of a records file against the study's targets")
     s.add_argument("records")
     s.add_argument("--rounds", type=int, default=60)
+    sub.add_parser("configs", help="print every configuration (kind, K at the start, FedRC options) as JSON")
     args = parser.parse_args()
-    run(args) if args.command == "run" else summarize(args)
+    {"run": run, "summarize": summarize, "configs": print_configs}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,11 @@ naming the argument."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 import pytest
+from _common import add_grouping_arguments, grouping_options
 
 import lightning_fedcluster as lf
-from tests.docs.markdown_blocks import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import add_grouping_arguments, grouping_options  # noqa: E402
 
 
 def _options(*flags: str) -> dict:

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from fall_probe import FallProbe
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
-from tests.docs.markdown_blocks import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from fall_probe import FallProbe  # noqa: E402
+SCRIPT = Path(__file__).resolve().parents[1] / "fall_probe.py"
 
 
 def _fit(optimizer_state: str, probe: FallProbe | None = None, clip: float | None = None):
@@ -89,7 +89,7 @@ def test_the_k_event_probes_drop_or_move_every_k_event_and_nothing_else():
     ],
 )
 def test_the_probe_refuses_rounds_that_would_never_act_before_training(tmp_path, flags, message):
-    command = [sys.executable, str(ROOT / "benchmarks" / "fall_probe.py"), "--data-root", str(tmp_path),
+    command = [sys.executable, str(SCRIPT), "--data-root", str(tmp_path),
                "--rounds", "32", *flags]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr
