@@ -68,6 +68,7 @@ def test_the_strategy_takes_both_blocks_as_given():
         num_clusters, options = _strategy_block(name)
         strategy = lf.FedRCStrategy(num_clusters, **options)
         config = strategy.algorithm.config
-        fedrc = {key: value for key, value in options.items() if key != "gradient_clip_val" and key not in RECIPE}
+        strategy_only = RECIPE | {"gradient_clip_val"}
+        fedrc = {key: value for key, value in options.items() if key not in strategy_only}
         assert {key: getattr(config, key) for key in fedrc} == fedrc, name
         assert strategy.local_training.gradient_clip_val == options["gradient_clip_val"] == 5.0, name
