@@ -1,47 +1,74 @@
-"""The K-from-the-data configuration that How clusters form recommends is the one the take-off grid
-measured (``benchmarks/takeoff_configs.py``'s
-``robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15c5-k6``): the page's block and the
-grid's options name the same arguments with the same values, so neither can drift from the other,
-and the strategy takes them as given."""
+"""The two recommended FedRC configurations of the how-to "Finding the concepts" are the ones
+measured: the K-unknown block names the same options with the same values as the runs recorded in
+``benchmarks/records/takeoff_clip_cells_cpu_2026-11-29.jsonl`` (each run's ``options``), and the
+K-known block is ``fedcluster fit``'s strategy. Neither block can drift from what was measured,
+and ``FedRCStrategy`` takes both as given."""
 
 from __future__ import annotations
 
 import ast
-import sys
+import json
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS
 from tests.docs.markdown_blocks import DOCS, ROOT, blocks
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import takeoff_configs  # noqa: E402
-
-MEASURED = "robust10+merge+removal+floor10+ramp4+gretire10+hold30+release+omegaw15c5-k6"
-
-
-def _recommended_call() -> ast.Call:
-    page = DOCS / "how-clusters-form.md"
-    found = [b for b in blocks(page) if b.runs and "merge_after=50" in b.code]
-    assert len(found) == 1, "How clusters form should hold one block with the recommended configuration"
-    (statement,) = ast.parse(found[0].code).body
-    assert isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call)
-    return statement.value
+PAGE = DOCS / "how-to" / "finding-the-concepts.md"
+RECORD = ROOT / "benchmarks" / "records" / "takeoff_clip_cells_cpu_2026-11-29.jsonl"
+# Keywords of the training recipe, not of concept discovery: the main job's, given in its block.
+RECIPE = {"clients_per_round", "local_steps"}
 
 
-def test_the_recommended_configuration_is_the_measured_one():
-    call = _recommended_call()
-    num_clusters = ast.literal_eval(call.args[0])
-    options = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    kind, k_start, measured = takeoff_configs.CONFIGS[MEASURED]
-    assert (kind, num_clusters) == ("fedrc", k_start) == ("fedrc", 6)
+def _strategy_block(name: str) -> tuple[int, dict]:
+    """``name = lf.FedRCStrategy(K, **options)``: the page's one runnable block assigning ``name``."""
+    calls = []
+    for block in blocks(PAGE):
+        if not block.runs:
+            continue
+        for statement in ast.parse(block.code).body:
+            if isinstance(statement, ast.Assign) and [t.id for t in statement.targets] == [name]:
+                calls.append(statement.value)
+    assert len(calls) == 1, f"{PAGE.name} should assign {name} once, in a runnable block"
+    (call,) = calls
+    assert isinstance(call, ast.Call) and ast.unparse(call.func) == "lf.FedRCStrategy"
+    return ast.literal_eval(call.args[0]), {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+
+
+def _measured_options() -> tuple[int, dict]:
+    runs = [json.loads(line) for line in RECORD.read_text().splitlines() if line.strip()]
+    assert len(runs) >= 10
+    starts = {run["k_start"] for run in runs}
+    options = {json.dumps(run["options"], sort_keys=True) for run in runs}
+    assert len(starts) == len(options) == 1, "the record's runs share one configuration"
+    return starts.pop(), json.loads(options.pop())
+
+
+def test_the_k_unknown_block_is_the_measured_configuration():
+    num_clusters, options = _strategy_block("k_unknown")
+    k_start, measured = _measured_options()
+    assert num_clusters == k_start == 6
     assert options == measured
-    assert options["merge_after"] == options["retire_after"] == options["removal_after"] == 50
-    assert options["group_round"] + options["group_hold"] == 45  # the K events: five rounds after the hold
-    assert options["group_retire"] == options["removal_threshold"] == 0.1
-    assert (options["group_release"], options["group_release_rounds"]) == (0.25, 5)
-    assert options["omega_weighting_from"] == options["group_round"]  # the round after the grouping
-    assert options["gradient_clip_val"] == 5.0
-    strategy = lf.FedRCStrategy(num_clusters, **options)
-    algorithm_options = {name: value for name, value in options.items() if name != "gradient_clip_val"}
-    config = strategy.algorithm.config
-    assert {name: getattr(config, name) for name in algorithm_options} == algorithm_options
-    assert strategy.local_training.gradient_clip_val == 5.0  # a strategy argument, not FedRC's
+    # The relations the page tells users to keep when they scale the rounds.
+    events = options["group_round"] + options["group_hold"] + 5
+    assert options["merge_after"] == options["retire_after"] == options["removal_after"] == events
+    assert options["omega_weighting_from"] == options["group_round"]
+    assert options["group_late_round"] == options["group_round"] + 5
+
+
+def test_the_k_known_block_is_what_fedcluster_fit_runs():
+    num_clusters, options = _strategy_block("k_known")
+    fit = dict(MAIN_JOB_DEFAULTS["trainer.strategy"]["init_args"])
+    fit.pop("seed")
+    assert num_clusters == fit.pop("num_clusters") == 3
+    assert options == fit
+
+
+def test_the_strategy_takes_both_blocks_as_given():
+    for name in ("k_known", "k_unknown"):
+        num_clusters, options = _strategy_block(name)
+        strategy = lf.FedRCStrategy(num_clusters, **options)
+        config = strategy.algorithm.config
+        strategy_only = RECIPE | {"gradient_clip_val"}
+        fedrc = {key: value for key, value in options.items() if key not in strategy_only}
+        assert {key: getattr(config, key) for key in fedrc} == fedrc, name
+        assert strategy.local_training.gradient_clip_val == options["gradient_clip_val"] == 5.0, name
