@@ -33,7 +33,7 @@ class FedRCConfig:
             ``removal_threshold``; 0, the paper's, from the first round). With grouping,
             ``group_round`` or later removes the clusters the grouping left small instead of those
             the nearly uniform shares before it happen to put under δ
-            (``docs/how-clusters-form.md``, "K from the data on the take-off cells").
+            (``docs/how-clusters-form.md``, "Finding K from an upper bound").
         label_stats_floor: the smallest C_{y,k} the E-step divides by (the authors' 1e-8). A
             cluster that holds almost no rows of label y otherwise pulls every label-y sample of
             every client towards itself by up to 1/floor, which breaks up concept clusters whose
