@@ -319,8 +319,9 @@ def main() -> None:
     set_threads(args.threads)
     print(machine_line())
     print(f"command: {command_line()}")
-    print(f"{args.rounds} rounds, seeds {' '.join(map(str, args.seeds))}, {args.threads} torch thread(s) per "
-          "process on both sides; s/round: median over the rounds after the first (wall, and CPU seconds of "
+    seeds = " ".join(map(str, args.seeds))
+    print(f"{args.rounds} rounds; seeds: {seeds}; torch threads per process: {args.threads} on both sides;"
+          " s/round: median over the rounds after the first (wall, and CPU seconds of "
           "the whole process tree); peak RSS: the tree's largest sampled sum; start + end: the run's process "
           "from start to exit, less its rounds")
     with tempfile.TemporaryDirectory() as folder:
