@@ -1,11 +1,11 @@
 """Choosing the executor before training: ``"loop"``, ``"vectorized"``, or ``"auto"``, which
-picks the vectorised executor only where it is supported and measured faster: models whose
-parametrised layers are all ``nn.Linear`` (``benchmarks/vectorized_executor.py``: 1.7–2.2× for
-linear and MLP models, 0.5× for the FashionMNIST CNN)."""
+picks the vectorised executor where it can run and a recorded measurement on the trainer's device
+type says it is faster for this kind of model (``AUTO_RULE``), and says which and why in the log."""
 
 from __future__ import annotations
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lightning_fedcluster.engine import client_vectors
@@ -28,10 +28,74 @@ DEFAULT_CLIENTS_PER_CHUNK = 64
 CHUNK_MEMORY_BYTES = 512 * 2**20
 
 
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+# What "auto" takes where the vectorised executor can run: (device type, model kind) -> (executor,
+# the measurement it rests on). Device types without a row use the "cpu" rows; a model kind other
+# than these two (BatchNorm, recurrent, attention layers...) was never measured and keeps the loop.
+AUTO_RULE: dict[tuple[str, str], tuple[str, str]] = {
+    ("cpu", "dense"): (
+        "vectorized",
+        "1.7-2.2x faster than the loop for linear and MLP models on 2 CPU cores "
+        "(benchmarks/results/performance.md, vectorized_executor.py)",
+    ),
+    ("cpu", "convolutional"): (
+        "loop",
+        "the vectorized executor is 2x slower for the FashionMNIST CNN on 2 CPU cores "
+        "(benchmarks/results/performance.md, vectorized_executor.py)",
+    ),
+    ("cuda", "dense"): (
+        "vectorized",
+        "0.196 s against the loop's 4.263 s per round for W2's linear model on one NVIDIA H100 GPU "
+        "(benchmarks/results/performance.md)",
+    ),
+    ("cuda", "convolutional"): (
+        "vectorized",
+        "0.204 s against the loop's 0.516 s per round for W1's FashionMNIST CNN on one NVIDIA H100 GPU "
+        "(benchmarks/results/performance.md)",
+    ),
+}
+
+
+def parametrised_layers(model: nn.Module) -> list[nn.Module]:
+    """The submodules that hold parameters of their own."""
+    return [sub for sub in model.modules() if any(True for _ in sub.parameters(recurse=False))]
+
+
 def only_dense_layers(model: nn.Module) -> bool:
     """Whether every layer that holds parameters is an ``nn.Linear`` (linear models, MLPs)."""
-    owners = [sub for sub in model.modules() if any(True for _ in sub.parameters(recurse=False))]
+    owners = parametrised_layers(model)
     return bool(owners) and all(isinstance(sub, nn.Linear) for sub in owners)
+
+
+def model_kind(model: nn.Module) -> str:
+    """``"dense"`` (only ``nn.Linear`` layers hold parameters), ``"convolutional"`` (only linear and
+    convolution layers) or ``"other"``: the kinds of ``AUTO_RULE``."""
+    owners = parametrised_layers(model)
+    if only_dense_layers(model):
+        return "dense"
+    if owners and all(isinstance(sub, (nn.Linear, *CONVOLUTIONS)) for sub in owners):
+        return "convolutional"
+    return "other"
+
+
+def auto_preference(device_type: str, model: nn.Module) -> tuple[str, str]:
+    """The executor that ``"auto"`` prefers for ``model`` on a device of type ``device_type``
+    ("cpu", "cuda", ...) where both can run, and why (the recorded measurement)."""
+    kind = model_kind(model)
+    if kind == "other":
+        name = type(model).__name__
+        return "loop", f"no measurement of the vectorized executor for {name}'s layers on {device_type}"
+    measured = device_type if (device_type, kind) in AUTO_RULE else "cpu"
+    executor, evidence = AUTO_RULE[(measured, kind)]
+    unmeasured = "" if measured == device_type else f" (no measurement on {device_type!r}: the CPU's)"
+    return executor, f"{kind} model on {device_type}{unmeasured}: {evidence}"
+
+
+def device_type_of(module: TrainingHost) -> str:
+    """The type of the device the trainer will train on ("cpu", "cuda", ...): at setup the model
+    has not been moved yet, so it is read from the trainer's strategy, not from the model."""
+    return module.trainer.strategy.root_device.type
 
 
 def vectorized_obstacle(module: TrainingHost) -> str | None:
@@ -90,23 +154,34 @@ def _dry_run(module: TrainingHost, x: Tensor, y: Tensor) -> str | None:
     return None
 
 
-def choose_executor(requested: str, module: TrainingHost, x: Tensor, y: Tensor) -> str:
+def choose_executor(
+    requested: str, module: TrainingHost, x: Tensor, y: Tensor, device_type: str | None = None
+) -> str:
     """Resolve ``executor`` for this module before training. ``x``, ``y``: a few training
-    samples for a dry run. "vectorized" that cannot run raises a ValueError naming the reason;
-    "auto" falls back to the loop (it is a choice, not a loss)."""
+    samples for a dry run; ``device_type``: the training device's type (default: the trainer's).
+    "vectorized" that cannot run raises a ValueError naming the reason; "auto" takes the
+    executor ``AUTO_RULE`` prefers on that device where it can run, the loop otherwise (it is a
+    choice, not a loss), and says in one INFO line which it took and why."""
     if requested not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {requested!r}")
     if requested == "loop":
         return "loop"
-    if requested == "auto" and not only_dense_layers(module.models[0]):
-        return "loop"
+    why = ""
+    if requested == "auto":
+        preferred, why = auto_preference(device_type or device_type_of(module), module.models[0])
+        if preferred == "loop":
+            rank_zero_info(f"executor='auto' chose the loop executor: {why}")
+            return "loop"
     reason = vectorized_obstacle(module) or _dry_run(module, x, y)
     if reason is None:
+        if requested == "auto":
+            rank_zero_info(f"executor='auto' chose the vectorized executor: {why}")
         return "vectorized"
     if requested == "vectorized":
         raise ValueError(
             f"executor='vectorized' cannot run this setup: {reason}; use executor='loop' or 'auto'"
         )
+    rank_zero_info(f"executor='auto' chose the loop executor: the vectorized one cannot run here: {reason}")
     return "loop"
 
 
