@@ -35,7 +35,7 @@ class ScenarioBuilders(Generic[Built]):
         x: Tensor,
         y: Tensor,
         *,
-        num_clients: int,
+        num_clients: int | None = None,
         concepts: int = 1,
         dirichlet_alpha: float | None = 1.0,
         corrupt_fraction: float | Sequence[float] | None = None,
@@ -52,9 +52,11 @@ class ScenarioBuilders(Generic[Built]):
         val_share: float = 0.5,
         adapt_fraction: float | None = None,
         preset: str | None = None,
+        partition: Sequence[Any] | None = None,
     ) -> Built:
         """Build the FedRC scenario from labelled tensors; see `build_scenario` for the steps
-        (`preset="authors"`: the client mix of the FedRC authors' scripts).
+        (`preset="authors"`: the client mix of the FedRC authors' scripts; `partition`: one array
+        of row ids per client instead of the Dirichlet split, with the shifts drawn on top).
 
         Each client's `test_fraction` of held-out rows is then split into validation
         (`val_share`) and test, and every global client into validation/test x adapt/score
@@ -85,6 +87,7 @@ class ScenarioBuilders(Generic[Built]):
             global_test=global_test,
             corruptions=corruptions,
             preset=preset,
+            partition=partition,
         )
         return cls._construct(arguments, batch_size, val_share, adapt_fraction, seed)
 
