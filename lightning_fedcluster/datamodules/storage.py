@@ -46,7 +46,30 @@ def concatenate(
     if not xs:
         empty_y = torch.empty((0, *target_shape), dtype=target_dtype)
         return torch.empty((0, *sample_shape)), empty_y, offsets
-    return torch.cat(xs), torch.cat(ys), offsets
+    return joined(xs), joined(ys), offsets
+
+
+def joined(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts)``, but parts that already lie end to end in one storage (slices of one
+    tensor, e.g. the memory-mapped rows of ``datamodules/client_store.py``) give a view of it
+    instead of a copy, so such splits are never held twice."""
+    filled = [p for p in parts if p.numel()]
+    first = filled[0] if filled else parts[0]
+    step = first.element_size()
+    alike = all(p.dtype == first.dtype and p.device == first.device for p in parts)
+    if filled and alike and all(p.is_contiguous() for p in filled):
+        storage = first.untyped_storage()
+        position = first.data_ptr()
+        for part in filled:
+            if part.untyped_storage().data_ptr() != storage.data_ptr() or part.data_ptr() != position:
+                break
+            position += part.numel() * step
+        else:
+            rows = sum(p.shape[0] for p in parts)
+            return torch.empty(0, dtype=first.dtype, device=first.device).set_(
+                storage, first.storage_offset(), (rows, *first.shape[1:]), first.stride()
+            )
+    return torch.cat(parts)
 
 
 def check_stage_part(stage: Any, part: Any) -> None:
