@@ -99,7 +99,8 @@ def hugging_face_arguments(
         preset=preset,
         partition=rows,
     )
-    store = ClientStore(plan.train_sizes, plan.test_sizes, tuple(sample.shape[1:]), memory_map, features)
+    columns = ", ".join(repr(c) for c in reader.columns)
+    store = ClientStore(plan.train_sizes, plan.test_sizes, tuple(sample.shape[1:]), memory_map, columns)
     arguments = scenario_arguments_from(plan, reader.read, num_classes, global_test, store.place)
     if concept is not None:
         own = torch.from_numpy(client_concepts(concept, plan.parts, train, rows.natural_ids))

@@ -48,8 +48,14 @@ class PartitionerRows:
         if pool.size != len(self.dataset):
             numbered = numbered.select(pool)
         self.partitioner.dataset = numbered
+        count = self.partitioner.num_partitions
+        if count > pool.size:
+            raise ValueError(
+                f"the partitioner has {count} partitions but the client pool has {pool.size} rows: at "
+                "least one client would be empty; use fewer partitions"
+            )
         parts = []
-        for i in range(self.partitioner.num_partitions):
+        for i in range(count):
             taken = self.partitioner.load_partition(i).with_format("numpy", columns=[ROW_COLUMN])
             parts.append(np.asarray(taken[ROW_COLUMN], dtype=np.int64))
         names = getattr(self.partitioner, "partition_id_to_natural_id", None)
