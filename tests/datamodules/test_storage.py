@@ -63,3 +63,13 @@ def test_stage_and_part_are_checked_by_name() -> None:
         ValueError, match="part must be 'local', 'global_adapt' or 'global_score', got 'global'"
     ):
         check_stage_part("val", "global")
+
+
+def test_splits_lying_end_to_end_in_one_tensor_are_kept_as_a_view() -> None:
+    x, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    splits = [(x[0:3], y[0:3]), (x[3:3], y[3:3]), (x[3:10], y[3:10])]
+    joined_x, joined_y, offsets = concatenate("client_train", splits, (2,))
+    assert joined_x.data_ptr() == x.data_ptr() and joined_y.data_ptr() == y.data_ptr()  # no copy
+    assert torch.equal(joined_x, x) and offsets.tolist() == [0, 3, 3, 10]
+    gapped_x, _, _ = concatenate("client_train", [(x[0:3], y[0:3]), (x[4:10], y[4:10])], (2,))
+    assert gapped_x.data_ptr() != x.data_ptr() and torch.equal(gapped_x, torch.cat([x[0:3], x[4:10]]))
