@@ -78,7 +78,7 @@ def hugging_face_arguments(
             f"split {test_split!r} has inputs of per-sample shape {tuple(global_test[0].shape[1:])} "
             f"but split {split!r} has {tuple(sample.shape[1:])}: they must match"
         )
-    rows = PartitionerRows(train, partitioner)
+    rows = PartitionerRows(train, partitioner, reader.columns)
     plan, num_classes = plan_scenario(
         labels,
         sample,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fedcluster.datamodules.hugging_face.source import require_hf
+from lightning_fedcluster.datamodules.hugging_face.source import column_array, require_hf
 
 __all__ = ["ROW_COLUMN", "PartitionerRows", "client_concepts"]
 
@@ -23,7 +23,7 @@ class PartitionerRows:
     client i = ``partitioner.load_partition(i)``. ``natural_ids`` holds a NaturalIdPartitioner's
     id of each client once it has run."""
 
-    def __init__(self, dataset: Any, partitioner: Any) -> None:
+    def __init__(self, dataset: Any, partitioner: Any, inputs: list[str] | None = None) -> None:
         require_hf()
         from flwr_datasets.partitioner import Partitioner
 
@@ -41,13 +41,21 @@ class PartitionerRows:
             raise ValueError(f"the data set has a column {ROW_COLUMN!r}, a name used here: rename it")
         self.dataset = dataset
         self.partitioner = partitioner
+        self.inputs = set(inputs or ())
         self.natural_ids: list[Any] | None = None
 
     def __call__(self, pool: np.ndarray) -> list[np.ndarray]:
-        numbered = self.dataset.add_column(ROW_COLUMN, np.arange(len(self.dataset), dtype=np.int64))
-        if pool.size != len(self.dataset):
-            numbered = numbered.select(pool)
-        self.partitioner.dataset = numbered
+        """The partitions of the pool's rows, as row ids of the data set. The partitioner is given
+        the pool's other columns than the inputs (ids, labels: what partitioners read), in memory,
+        with the row ids; the inputs stay in the Arrow table until each client is read."""
+        datasets = require_hf()
+        kept = [c for c in self.dataset.column_names if c not in self.inputs]
+        columns = {c: column_array(self.dataset, c, pool) for c in kept}
+        columns[ROW_COLUMN] = pool.astype(np.int64)
+        features = datasets.Features(
+            {**{c: self.dataset.features[c] for c in kept}, ROW_COLUMN: datasets.Value("int64")}
+        )
+        self.partitioner.dataset = datasets.Dataset.from_dict(columns, features=features)
         count = self.partitioner.num_partitions
         if count > pool.size:
             raise ValueError(
@@ -56,8 +64,7 @@ class PartitionerRows:
             )
         parts = []
         for i in range(count):
-            taken = self.partitioner.load_partition(i).with_format("numpy", columns=[ROW_COLUMN])
-            parts.append(np.asarray(taken[ROW_COLUMN], dtype=np.int64))
+            parts.append(column_array(self.partitioner.load_partition(i), ROW_COLUMN).astype(np.int64))
         names = getattr(self.partitioner, "partition_id_to_natural_id", None)
         if isinstance(names, dict) and names:
             self.natural_ids = [names[i] for i in range(len(parts))]
@@ -82,7 +89,7 @@ def client_concepts(
                 f"concept: column {concept!r} is not in the data set, whose columns are "
                 f"{dataset.column_names}"
             )
-        column = np.asarray(dataset.with_format("numpy", columns=[concept])[concept])
+        column = column_array(dataset, concept)
         values = []
         for i, rows in enumerate(parts):
             seen = np.unique(column[rows])

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["ColumnReader", "load_source", "require_hf"]
+__all__ = ["ColumnReader", "column_array", "load_source", "require_hf"]
 
 EXTRA = 'pip install "lightning-fedcluster[hf]"'
 FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".arrow": "arrow", ".json": "json", ".jsonl": "json"}
@@ -139,15 +139,27 @@ class ColumnReader:
         self.transform = transform
         self.dataset = dataset
         self._rows = dataset.with_format("numpy", columns=[*self.columns, label])
+        self._table = arrow_table(dataset)
+        # Number columns are taken from the Arrow table directly; images and arrays are decoded by
+        # the data set's own formatting.
+        self._scalar = not self.image and not any(
+            hasattr(kinds[c], "feature") or type(kinds[c]).__name__.startswith("Array") for c in self.columns
+        )
 
     def labels(self) -> np.ndarray:
         """Every row's label, int64 (one column read, no inputs decoded)."""
-        return np.asarray(self.dataset.with_format("numpy", columns=[self.label])[self.label], dtype=np.int64)
+        return column_array(self.dataset, self.label).astype(np.int64)
 
     def read(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """The (x float32, y int64) of ``rows`` (row ids), in that order."""
-        batch = self._rows[rows.tolist()]
-        y = torch.from_numpy(np.asarray(batch[self.label], dtype=np.int64))
+        if self._scalar:
+            import pyarrow as pa
+
+            taken = self._table.select([*self.columns, self.label]).take(pa.array(rows.numpy()))
+            batch = {c: taken.column(c).to_numpy() for c in [*self.columns, self.label]}
+        else:
+            batch = self._rows[rows.tolist()]
+        y = torch.from_numpy(np.array(batch[self.label], dtype=np.int64))
         if self.image:
             x = _images(batch[self.image[0]], self.image[0])
         else:
@@ -164,6 +176,31 @@ class ColumnReader:
                 )
             x = out.to(torch.float32)
         return x, y
+
+
+def arrow_table(dataset: Any) -> Any:
+    """The ``pyarrow.Table`` of ``dataset``'s rows in their order (memory-mapped when the data set
+    was loaded from files): a data set with an indices mapping (``select``, ``shuffle``) is
+    flattened first."""
+    if getattr(dataset, "_indices", None) is not None:
+        dataset = dataset.flatten_indices()
+    return dataset.data.table
+
+
+def column_array(dataset: Any, column: str, rows: Any = None) -> np.ndarray:
+    """One column of ``dataset`` as a numpy array (all rows, or ``rows``), read as one batch
+    (``dataset[column]`` would convert it row by row)."""
+    import pyarrow as pa
+
+    mapped = getattr(dataset, "_indices", None) is not None  # e.g. a partition: read through its rows
+    values = None if mapped else dataset.data.table.column(column)
+    if values is not None and rows is not None:
+        values = values.take(pa.array(np.asarray(rows, dtype=np.int64)))
+    if values is None or pa.types.is_nested(values.type):
+        formatted = dataset.with_format("numpy", columns=[column])
+        batch = formatted[0 : len(dataset)] if rows is None else formatted[list(rows)]
+        return np.asarray(batch[column])
+    return values.to_numpy()
 
 
 def _leaf_dtype(kind: Any) -> str:
@@ -183,7 +220,7 @@ def _numbers(values: Any, column: str) -> Tensor:
             f"features: column {column!r} holds arrays of different lengths: every row needs one shape "
             "(pad or crop them to one length)"
         )
-    return torch.from_numpy(array.astype(np.float32, copy=False))
+    return torch.from_numpy(np.array(array, dtype=np.float32))  # a copy: Arrow's buffers are read-only
 
 
 def _images(values: Any, column: str) -> Tensor:
