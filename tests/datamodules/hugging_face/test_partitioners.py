@@ -13,6 +13,7 @@ from flwr_datasets.partitioner import (
 )
 
 from lightning_fedcluster.datamodules import FederatedDataModule, shifts
+from tests.datamodules.hugging_face.conftest import datasets
 
 PARTITIONERS = {
     "iid": lambda: IidPartitioner(num_partitions=10),
@@ -89,3 +90,18 @@ def test_a_natural_id_keeps_a_concept_column_or_function_for_diagnostics(digits_
     )  # fmt: skip
     assert by_id.metadata.concept.tolist() == [0] * 6 + [1] * 6
     assert torch.equal(by_id.train_x, dm.train_x)  # labels not mapped: the concept is metadata only
+
+
+def test_a_csv_file_of_number_columns_and_a_saved_data_set_read_offline(digits, tmp_path) -> None:
+    x, y = digits
+    columns = {f"p{j}": x[:, j].numpy() for j in range(64)}
+    table = datasets.Dataset.from_dict({**columns, "label": y.numpy()})
+    table.to_csv(str(tmp_path / "digits.csv"), index=False)
+    table.save_to_disk(str(tmp_path / "saved"))
+    options = dict(features=list(columns), label="label", global_test_fraction=0.0, test_fraction=0.0)
+    for source in (tmp_path / "digits.csv", tmp_path / "saved"):
+        dm = FederatedDataModule.from_hugging_face(
+            source, partitioner=IidPartitioner(5), cache_dir=str(tmp_path / "cache"), **options
+        )
+        for i, rows in enumerate(dm.source_rows):
+            torch.testing.assert_close(dm.train_split(i)[0], x[torch.from_numpy(rows)])  # csv: decimal text
