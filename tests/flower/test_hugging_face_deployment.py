@@ -29,12 +29,15 @@ client = apps.client_app()
 '''
 
 
-def test_two_supernodes_load_their_partitions_and_match_the_in_process_run(tmp_path, monkeypatch):
+def test_two_supernodes_load_their_partitions_and_match_the_in_process_run(
+    tmp_path, monkeypatch, task_identity
+):
     parquet = tmp_path / "digits.parquet"
     hf_workload.write_digits(parquet)
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     for name, value in {hf_workload.PARQUET: str(parquet), **offline}.items():
         monkeypatch.setenv(name, value)
+    (tmp_path / "deployment").mkdir()
     deployment = Deployment(tmp_path / "deployment")
     deployment.env.update({hf_workload.PARQUET: str(parquet), **offline})
     (deployment.app / "fedcluster_app.py").write_text(APP)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fedcluster.datamodules.hugging_face.source import column_array, require_hf
+from lightning_fedcluster.datamodules.hugging_face.source import arrow_table, column_array, require_hf
 
 __all__ = ["ROW_COLUMN", "PartitionerRows", "client_concepts"]
 
@@ -48,14 +48,20 @@ class PartitionerRows:
         """The partitions of the pool's rows, as row ids of the data set. The partitioner is given
         the pool's other columns than the inputs (ids, labels: what partitioners read), in memory,
         with the row ids; the inputs stay in the Arrow table until each client is read."""
+        import pyarrow as pa
+
         datasets = require_hf()
+        from datasets.table import InMemoryTable
+
         kept = [c for c in self.dataset.column_names if c not in self.inputs]
-        columns = {c: column_array(self.dataset, c, pool) for c in kept}
-        columns[ROW_COLUMN] = pool.astype(np.int64)
+        table = arrow_table(self.dataset).select(kept).take(pa.array(pool.astype(np.int64)))
+        table = table.append_column(ROW_COLUMN, pa.array(pool.astype(np.int64)))
         features = datasets.Features(
             {**{c: self.dataset.features[c] for c in kept}, ROW_COLUMN: datasets.Value("int64")}
         )
-        self.partitioner.dataset = datasets.Dataset.from_dict(columns, features=features)
+        # From the Arrow table as it is (Dataset.from_dict would encode every value in Python).
+        info = datasets.DatasetInfo(features=features)
+        self.partitioner.dataset = datasets.Dataset(InMemoryTable(table), info=info)
         count = self.partitioner.num_partitions
         if count > pool.size:
             raise ValueError(

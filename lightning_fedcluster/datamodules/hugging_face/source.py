@@ -196,7 +196,10 @@ def column_array(dataset: Any, column: str, rows: Any = None) -> np.ndarray:
     values = None if mapped else dataset.data.table.column(column)
     if values is not None and rows is not None:
         values = values.take(pa.array(np.asarray(rows, dtype=np.int64)))
-    if values is None or pa.types.is_nested(values.type):
+    if values is None:  # the Arrow rows the mapping points at, taken in one call
+        taken = dataset.with_format("arrow", columns=[column])
+        values = (taken[0 : len(dataset)] if rows is None else taken[list(rows)]).column(column)
+    if pa.types.is_nested(values.type):
         formatted = dataset.with_format("numpy", columns=[column])
         batch = formatted[0 : len(dataset)] if rows is None else formatted[list(rows)]
         return np.asarray(batch[column])
