@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, NaturalIdPartitioner
 
-from lightning_fedcluster.datamodules import FederatedDataModule
+from lightning_fedcluster.datamodules import FederatedDataModule, scenario_clients
 from lightning_fedcluster.datamodules.hugging_face import require_hf
 from lightning_fedcluster.flower.node import NodeConfigError, node_clients
 from tests.datamodules.hugging_face.conftest import datasets, write_image_folder
@@ -68,10 +68,11 @@ def test_a_partition_id_out_of_range_names_the_node_config(digits_dataset) -> No
         node_clients({"partition-id": 12, "num-partitions": 12}, dm.num_clients)
 
 
-def test_images_of_mixed_sizes_name_the_column_or_the_client(tmp_path) -> None:
+def test_images_of_mixed_sizes_name_the_column_or_the_client(tmp_path, monkeypatch) -> None:
     write_image_folder(tmp_path / "mixed", sizes={5: (9, 8)})  # one image in the first client's block
     with pytest.raises(ValueError, match=r"image column 'image' holds images of different sizes"):
         build(tmp_path / "mixed", features="image", cache_dir=str(tmp_path / "c"))
+    monkeypatch.setattr(scenario_clients, "BLOCK_ROWS", 1)  # one read per client: sizes differ across reads
     write_image_folder(tmp_path / "other", sizes={k: (6, 6) for k in range(27, 36)})  # the last client's
     with pytest.raises(ValueError, match=r"client 3's inputs \('image'\) have per-sample shape \(3, 6, 6\)"):
         build(tmp_path / "other", features="image", test_fraction=0.0, cache_dir=str(tmp_path / "c"))
