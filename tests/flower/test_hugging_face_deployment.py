@@ -1,6 +1,7 @@
 """Two SuperNodes (``fedcluster flower supernode``) each load their partition of a Hugging Face
 parquet file with a Flower Datasets partitioner, the node config's partition-id choosing it, and
-the deployed run ends with the weights and client store of the same run on an in-process grid."""
+the deployed run ends with the weights and client store of the same run on an in-process Flower
+``Grid`` (``local_grid.py``)."""
 
 from __future__ import annotations
 
