@@ -180,8 +180,9 @@ class ScenarioBuilders(Generic[Built]):
         natural id giving each client's own concept, kept as metadata for diagnostics.
 
         Rows are read per client from the memory-mapped Arrow table and written end to end, so no
-        tensor of the whole data set is built; with `memory_map` (a directory) the training inputs
-        are written to a memory-mapped file there, read from disk as clients train. Needs the `hf`
+        tensor of the whole data set is built; with `memory_map` (a directory, one per datamodule)
+        the training inputs are written to a memory-mapped file there (`train_x.f32`, replaced on
+        every build and left there afterwards), read from disk as clients train. Needs the `hf`
         extra."""
         from lightning_fedcluster.datamodules.hugging_face import hugging_face_arguments
 
