@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lightning_fedcluster.datamodules.storage import keep_slices
 from lightning_fedcluster.datamodules.validation import Split
 
 __all__ = ["ClientStore"]
@@ -51,6 +52,8 @@ class ClientStore:
         held = int(self.test_offsets[-1])
         self.test_x = torch.empty((held, *self.sample_shape), dtype=torch.float32)
         self.test_y = torch.empty(held, dtype=torch.long)
+        for tensor in (self.train_x, self.train_y, self.test_x, self.test_y):
+            keep_slices(tensor)  # the datamodule keeps views of these rows, not copies
 
     def place(self, i: int, train: Split, test: Split) -> tuple[Split, Split]:
         """Copy client i's rows into its slots; the slots (views) are what the datamodule keeps."""

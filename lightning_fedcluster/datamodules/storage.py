@@ -3,6 +3,7 @@ into (x, y, offsets), client views of them, and the names an evaluation stage re
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -49,15 +50,32 @@ def concatenate(
     return joined(xs), joined(ys), offsets
 
 
+ROW_STORES: weakref.WeakSet[Tensor] = weakref.WeakSet()
+"""Tensors whose slices the datamodule keeps as they are (``keep_slices``)."""
+
+
+def keep_slices(tensor: Tensor) -> Tensor:
+    """Let splits that are end-to-end slices of ``tensor`` be kept as a view of it rather than
+    copied (``datamodules/client_store.py``'s rows, written for the datamodule); other tensors'
+    slices are copied, so a datamodule never shares memory with its caller's tensors."""
+    ROW_STORES.add(tensor)
+    return tensor
+
+
 def joined(parts: list[Tensor]) -> Tensor:
-    """``torch.cat(parts)``, but parts that already lie end to end in one storage (slices of one
-    tensor, e.g. the memory-mapped rows of ``datamodules/client_store.py``) give a view of it
-    instead of a copy, so such splits are never held twice."""
+    """``torch.cat(parts)``, but parts that lie end to end in one ``keep_slices`` tensor give a
+    view of it instead of a copy, so such splits (a memory-mapped file's rows) are never held twice."""
     filled = [p for p in parts if p.numel()]
     first = filled[0] if filled else parts[0]
     step = first.element_size()
     alike = all(p.dtype == first.dtype and p.device == first.device for p in parts)
-    if filled and alike and all(p.is_contiguous() for p in filled):
+    kept = {t.untyped_storage().data_ptr() for t in ROW_STORES}
+    if (
+        filled
+        and alike
+        and all(p.is_contiguous() for p in filled)
+        and first.untyped_storage().data_ptr() in kept
+    ):
         storage = first.untyped_storage()
         position = first.data_ptr()
         for part in filled:
