@@ -2,7 +2,9 @@
 
 The core (`FederatedDataModule` in `federated`, its builders, loaders, storage, input checks and
 evaluation splits) sits at this level; `partition` holds the partition functions, `shifts` the
-concept label maps and image corruptions, and `datasets` the ready-made data sets. Every public
+concept label maps and image corruptions, `datasets` the ready-made data sets, and
+`hugging_face` the reading of Hugging Face data sets split by Flower Datasets partitioners
+(``FederatedDataModule.from_hugging_face``; the `hf` extra, imported only when used). Every public
 name is importable from here. The vision datamodules import torchvision (the `vision` extra)
 only when they are built.
 """

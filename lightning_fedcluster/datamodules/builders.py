@@ -5,7 +5,8 @@ datamodule class keeps one job (holding and serving the splits); the datamodule 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from torch import Tensor
@@ -35,7 +36,7 @@ class ScenarioBuilders(Generic[Built]):
         x: Tensor,
         y: Tensor,
         *,
-        num_clients: int,
+        num_clients: int | None = None,
         concepts: int = 1,
         dirichlet_alpha: float | None = 1.0,
         corrupt_fraction: float | Sequence[float] | None = None,
@@ -52,9 +53,11 @@ class ScenarioBuilders(Generic[Built]):
         val_share: float = 0.5,
         adapt_fraction: float | None = None,
         preset: str | None = None,
+        partition: Sequence[Any] | None = None,
     ) -> Built:
         """Build the FedRC scenario from labelled tensors; see `build_scenario` for the steps
-        (`preset="authors"`: the client mix of the FedRC authors' scripts).
+        (`preset="authors"`: the client mix of the FedRC authors' scripts; `partition`: one array
+        of row ids per client instead of the Dirichlet split, with the shifts drawn on top).
 
         Each client's `test_fraction` of held-out rows is then split into validation
         (`val_share`) and test, and every global client into validation/test x adapt/score
@@ -85,6 +88,7 @@ class ScenarioBuilders(Generic[Built]):
             global_test=global_test,
             corruptions=corruptions,
             preset=preset,
+            partition=partition,
         )
         return cls._construct(arguments, batch_size, val_share, adapt_fraction, seed)
 
@@ -128,3 +132,85 @@ class ScenarioBuilders(Generic[Built]):
             seed=seed,
         )
         return cls._construct(arguments, batch_size, val_share, adapt_fraction, seed)
+
+    @classmethod
+    def from_hugging_face(
+        cls,
+        source: Any,
+        *,
+        features: str | Sequence[str],
+        label: str,
+        partitioner: Any,
+        split: str = "train",
+        test_split: str | None = None,
+        transform: Callable[[Tensor], Tensor] | None = None,
+        concept: str | Callable[[Any], int] | None = None,
+        concepts: int = 1,
+        corrupt_fraction: float | Sequence[float] | None = 0.0,
+        concept_proportions: Sequence[float] | None = None,
+        corruptions: Sequence[str] | None = None,
+        preset: str | None = None,
+        image_shape: tuple[int, int, int] | None = None,
+        test_fraction: float | None = None,
+        global_test_fraction: float | None = None,
+        num_classes: int | None = None,
+        batch_size: int = 32,
+        seed: int = 0,
+        val_share: float = 0.5,
+        adapt_fraction: float | None = None,
+        memory_map: str | Path | None = None,
+        cache_dir: str | None = None,
+    ) -> Built:
+        """Clients from a Hugging Face data set, one per partition of a Flower Datasets partitioner.
+
+        `source` is a `datasets.Dataset`, a `DatasetDict` (`split` names the clients' split;
+        `test_split`, e.g. "test", builds the global test clients from that split instead of
+        holding out `global_test_fraction`, default 0.2, of every class) or a path read offline (a
+        parquet, csv, arrow or json file, a `save_to_disk` folder, an image folder). `features` names
+        the input column(s): one image column (decoded to float [C, H, W] in [0, 1]), one array
+        column, or number columns (stacked to [N, F]); `label` the integer class id column;
+        `transform` runs on each block of decoded rows (float tensor in, float tensor out, row-wise).
+
+        `partitioner` (a new `flwr_datasets.partitioner.Partitioner`: Iid, Dirichlet, Pathological,
+        NaturalId, ...) is given the client pool, and client i holds its partition i
+        (`dm.source_rows[i]`: those rows of the split; `dm.natural_ids[i]`: a NaturalIdPartitioner's
+        id). The shifts of `from_tensors` go on top (`concepts`, `corrupt_fraction`, default 0 here,
+        `preset="authors"`), and each client's rows are split into train and held-out rows
+        (`test_fraction`). `concept` names a column (one value per client) or a function of the
+        natural id giving each client's own concept, kept as metadata for diagnostics.
+
+        Rows are read per client from the memory-mapped Arrow table and written end to end, so no
+        tensor of the whole data set is built; with `memory_map` (a directory, one per datamodule)
+        the training inputs are written to a memory-mapped file there (`train_x.f32`, replaced on
+        every build and left there afterwards), read from disk as clients train. Needs the `hf`
+        extra."""
+        from lightning_fedcluster.datamodules.hugging_face import hugging_face_arguments
+
+        check_batch_size(batch_size)
+        test_fraction, adapt_fraction = preset_evaluation_fractions(preset, test_fraction, adapt_fraction)
+        arguments, clients = hugging_face_arguments(
+            source,
+            features=features,
+            label=label,
+            partitioner=partitioner,
+            split=split,
+            test_split=test_split,
+            transform=transform,
+            concept=concept,
+            concepts=concepts,
+            corrupt_fraction=corrupt_fraction,
+            concept_proportions=concept_proportions,
+            corruptions=corruptions,
+            preset=preset,
+            image_shape=image_shape,
+            test_fraction=test_fraction,
+            global_test_fraction=global_test_fraction,
+            num_classes=num_classes,
+            seed=seed,
+            memory_map=memory_map,
+            cache_dir=cache_dir,
+        )
+        built = cls._construct(arguments, batch_size, val_share, adapt_fraction, seed)
+        built.source_rows = clients.source_rows  # type: ignore[attr-defined]
+        built.natural_ids = clients.natural_ids  # type: ignore[attr-defined]
+        return built

@@ -3,6 +3,7 @@ into (x, y, offsets), client views of them, and the names an evaluation stage re
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -46,7 +47,47 @@ def concatenate(
     if not xs:
         empty_y = torch.empty((0, *target_shape), dtype=target_dtype)
         return torch.empty((0, *sample_shape)), empty_y, offsets
-    return torch.cat(xs), torch.cat(ys), offsets
+    return joined(xs), joined(ys), offsets
+
+
+ROW_STORES: weakref.WeakSet[Tensor] = weakref.WeakSet()
+"""Tensors whose slices the datamodule keeps as they are (``keep_slices``)."""
+
+
+def keep_slices(tensor: Tensor) -> Tensor:
+    """Let splits that are end-to-end slices of ``tensor`` be kept as a view of it rather than
+    copied (``datamodules/client_store.py``'s rows, written for the datamodule); other tensors'
+    slices are copied, so a datamodule never shares memory with its caller's tensors."""
+    ROW_STORES.add(tensor)
+    return tensor
+
+
+def joined(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts)``, but parts that lie end to end in one ``keep_slices`` tensor give a
+    view of it instead of a copy, so such splits (a memory-mapped file's rows) are never held twice."""
+    filled = [p for p in parts if p.numel()]
+    first = filled[0] if filled else parts[0]
+    step = first.element_size()
+    alike = all(p.dtype == first.dtype and p.device == first.device for p in parts)
+    kept = {t.untyped_storage().data_ptr() for t in ROW_STORES}
+    if (
+        filled
+        and alike
+        and all(p.is_contiguous() for p in filled)
+        and first.untyped_storage().data_ptr() in kept
+    ):
+        storage = first.untyped_storage()
+        position = first.data_ptr()
+        for part in filled:
+            if part.untyped_storage().data_ptr() != storage.data_ptr() or part.data_ptr() != position:
+                break
+            position += part.numel() * step
+        else:
+            rows = sum(p.shape[0] for p in parts)
+            return torch.empty(0, dtype=first.dtype, device=first.device).set_(
+                storage, first.storage_offset(), (rows, *first.shape[1:]), first.stride()
+            )
+    return torch.cat(parts)
 
 
 def check_stage_part(stage: Any, part: Any) -> None:

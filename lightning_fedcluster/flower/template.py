@@ -83,6 +83,13 @@ def model() -> MLPClassifier:
 
 def data() -> DigitsFederated:
     return DigitsFederated(num_clients=30, seed=0)
+    # A Hugging Face data set split by a Flower Datasets partitioner (the `hf` extra): client i
+    # holds partition i; node partition-id=p of num-partitions=30 holds load_partition(p).
+    #   from flwr_datasets.partitioner import DirichletPartitioner
+    #   from lightning_fedcluster import FederatedDataModule
+    #   return FederatedDataModule.from_hugging_face(
+    #       "train.parquet", features="image", label="label", seed=0,
+    #       partitioner=DirichletPartitioner(30, "label", alpha=0.5, seed=0))
 
 
 apps = FlowerApps(strategy, model, data)

@@ -102,3 +102,15 @@ def test_from_tensors_under_the_authors_preset_takes_their_evaluation_split(digi
         x, y, preset="authors", test_fraction=0.3, adapt_fraction=0.5, **common
     )
     assert given.adapt_fraction == 0.5
+
+
+def test_hugging_face_sources_name_the_extra_when_it_is_missing(monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, lightning_fedcluster; print(sorted({'datasets', 'flwr_datasets'} & set(sys.modules)))"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]"  # the library imports neither until a data set is built
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"need the `hf` extra .*lightning-fedcluster\[hf\]"):
+        FederatedDataModule.from_hugging_face("data.parquet", features="x", label="y", partitioner=None)

@@ -353,3 +353,25 @@ def test_labels_that_are_not_class_indices_get_the_fix(digits) -> None:
         TypeError, match=r"y must hold integer class indices, got torch.float32; use y.long\(\)"
     ):
         FederatedDataModule.from_tensors(x, y.float(), num_clients=4, corrupt_fraction=0)
+
+
+def test_a_given_partition_replaces_the_label_skew_with_the_shifts_on_top(digits) -> None:
+    x, y = digits
+    parts = [np.arange(k, 1797, 5) for k in range(5)]
+    dm = FederatedDataModule.from_tensors(
+        x, y, partition=parts, concepts=2, test_fraction=0.0, corrupt_fraction=0.0, seed=2
+    )
+    assert dm.num_clients == 5 and dm.num_global_clients == 0  # a list: no row held out
+    for i, rows in enumerate(parts):
+        table = label_map(int(dm.metadata.concept[i]), 10)
+        xi, yi = dm.train_split(i)
+        assert torch.equal(xi, x[rows]) and torch.equal(yi, table[y[rows]])
+    with pytest.raises(ValueError, match=r"partition is a list of row ids, but global_test_fraction=0.2"):
+        FederatedDataModule.from_tensors(x, y, partition=parts, global_test_fraction=0.2, corrupt_fraction=0)
+    with pytest.raises(ValueError, match=r"num_clients=4 but the partition has 5 clients"):
+        FederatedDataModule.from_tensors(x, y, partition=parts, num_clients=4, corrupt_fraction=0)
+    with pytest.raises(ValueError, match=r"the partition leaves client 1 empty"):
+        FederatedDataModule.from_tensors(x, y, partition=[parts[0], np.arange(0)], corrupt_fraction=0)
+    halves = lambda pool: [pool[::2], pool[1::2]]  # noqa: E731
+    pooled = FederatedDataModule.from_tensors(x, y, partition=halves, corrupt_fraction=0, seed=2)
+    assert pooled.num_clients == 2 and pooled.num_global_clients == 1  # the pool after a 0.2 hold-out

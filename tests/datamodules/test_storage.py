@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fedcluster.datamodules.storage import check_stage_part, client_slice, concatenate
+from lightning_fedcluster.datamodules.storage import check_stage_part, client_slice, concatenate, keep_slices
 
 
 def test_splits_are_concatenated_with_offsets_and_an_empty_split_takes_the_shape() -> None:
@@ -63,3 +63,16 @@ def test_stage_and_part_are_checked_by_name() -> None:
         ValueError, match="part must be 'local', 'global_adapt' or 'global_score', got 'global'"
     ):
         check_stage_part("val", "global")
+
+
+def test_splits_lying_end_to_end_in_a_row_store_are_kept_as_a_view() -> None:
+    x, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    copied, _, _ = concatenate("client_train", [(x[0:5], y[0:5]), (x[5:10], y[5:10])], (2,))
+    assert copied.data_ptr() != x.data_ptr()  # a caller's tensor: copied, never shared
+    keep_slices(x), keep_slices(y)
+    splits = [(x[0:3], y[0:3]), (x[3:3], y[3:3]), (x[3:10], y[3:10])]
+    joined_x, joined_y, offsets = concatenate("client_train", splits, (2,))
+    assert joined_x.data_ptr() == x.data_ptr() and joined_y.data_ptr() == y.data_ptr()  # no copy
+    assert torch.equal(joined_x, x) and offsets.tolist() == [0, 3, 3, 10]
+    gapped_x, _, _ = concatenate("client_train", [(x[0:3], y[0:3]), (x[4:10], y[4:10])], (2,))
+    assert gapped_x.data_ptr() != x.data_ptr() and torch.equal(gapped_x, torch.cat([x[0:3], x[4:10]]))

@@ -161,12 +161,13 @@ def test_fashion_mnist_preset_uses_the_whole_training_set(monkeypatch: pytest.Mo
 
 
 def test_cifar10_preset_triples_the_training_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_fedcluster.datamodules import CIFAR10Federated, scenario
+    from lightning_fedcluster.datamodules import CIFAR10Federated, scenario_clients
     from lightning_fedcluster.datamodules.datasets import vision
 
     monkeypatch.setattr(vision, "load_vision_tensors", fake_vision(3, 32, n_train=200))
     kinds: list[str] = []
-    monkeypatch.setattr(scenario, "corrupt", lambda images, kind, severity, g: kinds.append(kind) or images)
+    record = lambda images, kind, severity, g: kinds.append(kind) or images  # noqa: E731
+    monkeypatch.setattr(scenario_clients, "corrupt", record)
     dm = CIFAR10Federated(num_clients=20, preset="authors", seed=0)
     assert (dm.train_sizes + dm.val_sizes + dm.test_sizes).tolist() == [30] * 20  # 3 * 200 // 20
     assert len(kinds) == 4 + 2 * 2 and set(kinds) <= set(shifts.AUTHORS_CIFAR10_C)  # int(.2M) + 2 int(.1M)
