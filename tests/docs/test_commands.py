@@ -99,7 +99,7 @@ def test_the_readmes_cpu_install_keeps_a_cpu_torch_through_the_test_command():
 
     cpu_builds = {name: metadata.version(name).split("+")[0] + "+cpu" for name in ("torch", "torchvision")}
     pending = ["lightning-fedcluster"]
-    extras = {"lightning-fedcluster": {"dev", "flower", "vision"}}
+    extras = {"lightning-fedcluster": {"dev", "flower", "vision", "hf"}}
     seen: set[str] = set()
     checked: set[str] = set()
     while pending:
