@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightning_fedcluster.algorithms.grouping import ConceptGrouping
-from lightning_fedcluster.algorithms.hold_release import HoldRelease
+from lightning_fedcluster.algorithms.grouping import ConceptGrouping, check_grouping_values
+from lightning_fedcluster.algorithms.hold_release import HoldRelease, check_release_values
 from lightning_fedcluster.algorithms.merging import ClusterMerging
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
 from lightning_fedcluster.algorithms.retirement import ClusterRetirement
@@ -157,6 +157,32 @@ class FedRCConfig:
         ):
             if on and self.adam_gamma:
                 raise ValueError(f"{name} cannot be combined with adam_gamma: use one or the other")
+        # Each value on its own first, so that a bad one is named before a missing option it needs.
+        check_grouping_values(
+            self.group_share,
+            self.group_assign,
+            self.group_margin,
+            self.group_hold,
+            self.group_ramp,
+            self.group_retire,
+            self.group_late_round,
+        )
+        check_release_values(self.group_release, self.group_release_rounds)
+        rounds = {
+            "removal_after": self.removal_after,
+            "merge_after": self.merge_after,
+            "omega_weighting_ramp": self.omega_weighting_ramp,
+        }
+        if self.omega_weighting_from is not None:  # None: off
+            rounds["omega_weighting_from"] = self.omega_weighting_from
+        for name, index in rounds.items():
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise ValueError(f"{name} must be a round index >= 0, got {index!r}")
+        strength = self.omega_weighting_strength
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 < strength <= 1:
+            raise ValueError(
+                f"omega_weighting_strength must be a number in (0, 1] (1: N_i · ω_ik), got {strength!r}"
+            )
         for name, value, default, needs, on in (
             ("group_share", self.group_share, 0.9, "group_round", self.group_round is not None),
             ("group_assign", self.group_assign, "medoid", "group_round", self.group_round is not None),
@@ -188,17 +214,6 @@ class FedRCConfig:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
-        rounds = {"removal_after": self.removal_after, "omega_weighting_ramp": self.omega_weighting_ramp}
-        if self.omega_weighting_from is not None:  # None: off
-            rounds["omega_weighting_from"] = self.omega_weighting_from
-        for name, index in rounds.items():
-            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                raise ValueError(f"{name} must be a round index >= 0, got {index!r}")
-        strength = self.omega_weighting_strength
-        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 < strength <= 1:
-            raise ValueError(
-                f"omega_weighting_strength must be a number in (0, 1] (1: N_i · ω_ik), got {strength!r}"
-            )
         self.grouping, self.release, self.merging, self.retirement  # noqa: B018 - their own checks of the values
         if self.retire_after is not None and self.reseed_threshold is not None:
             raise ValueError(

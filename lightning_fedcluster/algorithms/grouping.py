@@ -123,59 +123,33 @@ class ConceptGrouping:
             raise ValueError(
                 f"group_round must be a positive integer (rounds before grouping), got {self.group_round!r}"
             )
-        if (
-            isinstance(self.share, bool)
-            or not isinstance(self.share, (int, float))
-            or not 0 < self.share <= 1
-        ):
-            raise ValueError(f"group_share must be in (0, 1], got {self.share!r}")
-        if self.assign not in ASSIGNMENTS:
-            raise ValueError(f"group_assign must be one of {ASSIGNMENTS}, got {self.assign!r}")
-        margin = self.margin
-        if margin is not None and (
-            isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1
-        ):
-            raise ValueError(
-                f"group_margin must be in (0, 1) (a client's best group score over its second best), "
-                f"got {margin!r}"
-            )
-        if isinstance(self.hold, bool) or not isinstance(self.hold, int) or self.hold < 0:
-            raise ValueError(f"group_hold must be a non-negative integer (rounds), got {self.hold!r}")
-        ramp = self.ramp
-        if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp < 0:
-            raise ValueError(f"group_ramp must be a non-negative integer (rounds), got {ramp!r}")
+        check_grouping_values(
+            self.share,
+            self.assign,
+            self.margin,
+            self.hold,
+            self.ramp,
+            self.retire,
+            self.late_round,
+            self.group_round,
+        )
+        ramp, retire, margin = self.ramp, self.retire, self.margin
         if ramp and not self.hold:
             raise ValueError("group_ramp has no effect without group_hold: set group_hold too, or drop it")
         if ramp >= max(self.hold, 1):
             raise ValueError(
-                f"group_ramp={ramp} must be below group_hold={self.hold} (the held rounds that end "
-                "at γ = ω)"
-            )
-        retire = self.retire
-        if retire is not None and (
-            isinstance(retire, bool) or not isinstance(retire, (int, float)) or not 0 <= retire < 1
-        ):
-            raise ValueError(
-                f"group_retire must be a share of the rows in [0, 1) (0: retire only the clusters no "
-                f"group went to), got {retire!r}"
+                f"group_ramp={ramp} must be below group_hold={self.hold} (the held rounds that end at γ = ω)"
             )
         if retire and margin is None:
             raise ValueError(
                 f"group_retire={retire} leaves small groups' clients ungrouped, which needs group_margin: "
                 "set group_margin too, or use group_retire=0"
             )
-        late = self.late_round
-        if late is not None:
-            if isinstance(late, bool) or not isinstance(late, int) or late <= self.group_round:
-                raise ValueError(
-                    f"group_late_round must be an integer above group_round={self.group_round} "
-                    f"(rounds before the late pass), got {late!r}"
-                )
-            if margin is None:
-                raise ValueError(
-                    "group_late_round has no effect without group_margin (every client is grouped): "
-                    "set group_margin too, or drop it"
-                )
+        if self.late_round is not None and margin is None:
+            raise ValueError(
+                "group_late_round has no effect without group_margin (every client is grouped): "
+                "set group_margin too, or drop it"
+            )
 
     def state_entries(self) -> tuple[StateEntry, ...]:
         """Each client's latest signature [C, C] and its row count per label [C], reported; with
@@ -358,3 +332,48 @@ def group_clusters(groups: Tensor, omega: Tensor, active: Tensor) -> Tensor:
     cluster_of = torch.empty(count, dtype=torch.long)
     cluster_of[torch.as_tensor(rows)] = alive[torch.as_tensor(cols)]
     return cluster_of[groups]
+
+
+def check_grouping_values(
+    share: float,
+    assign: str,
+    margin: float | None,
+    hold: int,
+    ramp: int,
+    retire: float | None,
+    late_round: int | None,
+    group_round: int | None = None,
+) -> None:
+    """ValueError, naming the option and its value, for a grouping option out of range on its own
+    (``FedRC.Config`` calls it before asking whether ``group_round`` is set, so that a bad value is
+    named first; ``group_round``: None when not set)."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"group_share must be in (0, 1], got {share!r}")
+    if assign not in ASSIGNMENTS:
+        raise ValueError(f"group_assign must be one of {ASSIGNMENTS}, got {assign!r}")
+    if margin is not None and (
+        isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1
+    ):
+        raise ValueError(
+            f"group_margin must be in (0, 1) (a client's best group score over its second best), "
+            f"got {margin!r}"
+        )
+    for name, rounds in (("group_hold", hold), ("group_ramp", ramp)):
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"{name} must be a non-negative integer (rounds), got {rounds!r}")
+    if retire is not None and (
+        isinstance(retire, bool) or not isinstance(retire, (int, float)) or not 0 <= retire < 1
+    ):
+        raise ValueError(
+            f"group_retire must be a share of the rows in [0, 1) (0: retire only the clusters no "
+            f"group went to), got {retire!r}"
+        )
+    above = 0 if group_round is None else group_round
+    if late_round is not None and (
+        isinstance(late_round, bool) or not isinstance(late_round, int) or late_round <= above
+    ):
+        named = "group_round" if group_round is None else f"group_round={group_round}"
+        raise ValueError(
+            f"group_late_round must be an integer above {named} (rounds before the late pass), "
+            f"got {late_round!r}"
+        )

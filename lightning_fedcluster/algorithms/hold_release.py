@@ -49,12 +49,7 @@ class HoldRelease:
     rounds: int = 5
 
     def __post_init__(self) -> None:
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not self.margin >= 0:
-            raise ValueError(f"group_release must be >= 0 (nats per sample, e.g. 0.25), got {self.margin!r}")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
-            raise ValueError(
-                f"group_release_rounds must be a positive integer (held rounds in a row), got {self.rounds!r}"
-            )
+        check_release_values(self.margin, self.rounds)
 
     def state_entries(self) -> tuple[StateEntry, ...]:
         """Each client's count of held rounds in a row with a margin above ``margin`` (server-set)."""
@@ -105,3 +100,16 @@ def release_margins(scores: Tensor, omega: Tensor, active: Tensor, targets: Tens
     others = torch.where(targets.to(scores.device) & alive, scores, torch.full_like(scores, -torch.inf))
     others[rows, own] = -torch.inf
     return others.max(1).values - scores[rows, own]
+
+
+def check_release_values(margin: float | None, rounds: int) -> None:
+    """ValueError, naming the option and its value, for ``group_release`` (None: off) or
+    ``group_release_rounds`` out of range on its own."""
+    if margin is not None and (
+        isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0
+    ):
+        raise ValueError(f"group_release must be >= 0 (nats per sample, e.g. 0.25), got {margin!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(
+            f"group_release_rounds must be a positive integer (held rounds in a row), got {rounds!r}"
+        )

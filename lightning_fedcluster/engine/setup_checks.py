@@ -207,11 +207,25 @@ IGNORED_HOOKS = {
     "predict_step": "trainer.predict returns each row's mixture prediction (ClusteredModule.predict_step)",
 }
 _LIBRARIES = ("lightning.", "pytorch_lightning.", "lightning_fedcluster.")
+# Names whose use in a training_step does more than return a loss (logging, manual optimization).
+_BEYOND_THE_LOSS = frozenset(
+    {
+        "log",
+        "log_dict",
+        "manual_backward",
+        "optimizers",
+        "lr_schedulers",
+        "toggle_optimizer",
+        "untoggle_optimizer",
+    }
+)
+_warned_classes: set[type] = set()  # the not-called warning is given once per module class and process
 
 
 def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: Task) -> None:
-    """Warn (once, before training) about settings the engine accepts but the user likely did not
-    mean: more cluster models than clients, and hooks of the user's module it never calls."""
+    """Warn (before training) about settings the engine accepts but the user likely did not mean:
+    more cluster models than clients, and hooks of the user's module it never calls (once per
+    module class; not for a ``training_step`` that only returns the engine's own loss)."""
     if num_clusters > datamodule.num_clients:
         rank_zero_warn(
             f"num_clusters={num_clusters} but the datamodule has only {datamodule.num_clients} clients: "
@@ -220,7 +234,10 @@ def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: 
             f"{datamodule.num_clients}, the number of distinct data distributions you expect"
         )
     ignored = [hook for hook in IGNORED_HOOKS if user_defined(type(model), hook)]
-    if ignored:
+    if "training_step" in ignored and returns_the_engines_loss(model, task):
+        ignored.remove("training_step")
+    if ignored and type(model) not in _warned_classes:
+        _warned_classes.add(type(model))
         name = type(model).__name__
         loss = loss_source(model, task)
         instead = "; ".join(IGNORED_HOOKS[hook].format(loss=loss) for hook in ignored)
@@ -230,6 +247,25 @@ def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: 
             "and, when defined, per_sample_loss(batch) or criterion; log more with a Callback "
             "(its hooks see trainer.lightning_module.round_metrics and eval_metrics)"
         )
+
+
+def returns_the_engines_loss(model: nn.Module, task: Task) -> bool:
+    """Whether the module's ``training_step`` is the standard one that the engine's local step
+    already is: its code names the loss the engine uses (``engine.losses.per_sample_loss``) and
+    neither logs nor steps optimizers. Read from the code's names, never run; anything else (a loss
+    computed in a helper, an extra term) keeps the warning."""
+    code = getattr(type(model).training_step, "__code__", None)
+    if code is None:
+        return False
+    names = set(code.co_names)
+    if names & _BEYOND_THE_LOSS:
+        return False
+    if callable(getattr(model, "per_sample_loss", None)):
+        return "per_sample_loss" in names
+    if getattr(model, "criterion", None) is not None:
+        return "criterion" in names
+    losses = {"cross_entropy", "CrossEntropyLoss"} if task.is_classification else {"mse_loss", "MSELoss"}
+    return bool(names & losses)
 
 
 def user_defined(cls: type, hook: str) -> bool:

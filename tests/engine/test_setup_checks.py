@@ -128,3 +128,43 @@ def test_a_conv_net_given_flat_rows_gets_the_generic_shape_message_and_other_err
     )
     unrelated = RuntimeError("CUDA error: device-side assert triggered")
     assert input_shape_error("MyCNN", image, unrelated) is unrelated
+
+
+def _getting_started_module() -> type:
+    """The getting-started page's own ``MyClassifier``, as the page defines it."""
+    from tests.docs.markdown_blocks import ROOT, blocks
+
+    (code,) = [b.code for b in blocks(ROOT / "docs" / "getting-started.md") if "class MyClassifier" in b.code]
+    namespace: dict = {"__name__": "getting_started"}
+    exec(compile(code, "getting-started.md", "exec"), namespace)
+    return namespace["MyClassifier"]
+
+
+class NllStep(MLPClassifier):
+    """A training_step whose loss is not the engine's (it minimizes cross-entropy of forward)."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.nll_loss(self(x), y)
+
+
+def _fit_messages(module, fits: int = 1) -> list[str]:
+    dm = DigitsFederated(num_clients=4, seed=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(fits):
+            trainer = make_trainer(lf.FedAvgStrategy(local_steps=1), max_epochs=1, limit_val_batches=0)
+            trainer.fit(module, datamodule=dm)
+    return [m for m in _messages(record) if "does not call" in m]
+
+
+def test_the_getting_started_module_fits_without_the_not_called_warning():
+    """Its training_step returns the cross-entropy of its forward and logs nothing: the engine's
+    own loss, so nothing of it is lost."""
+    assert _fit_messages(_getting_started_module()()) == []
+
+
+def test_a_training_step_with_another_loss_still_warns_and_only_once_per_module_class():
+    messages = _fit_messages(NllStep(), fits=2)
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("NllStep defines training_step")
