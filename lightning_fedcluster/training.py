@@ -50,6 +50,7 @@ from lightning_fedcluster.engine.setup_checks import (
     check_rule_on_model,
     check_training_setup,
     warn_before_fit,
+    warn_rounds_past_the_run,
 )
 from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.metrics.undefined import warn_nan_metrics
@@ -128,6 +129,7 @@ class FederatedTraining:
     def _prepare_fit(self, host: TrainingHost, strategy: FederatedRun, datamodule: Any) -> None:
         assert self.plan is not None
         warn_before_fit(host.models[0], host.num_clusters, datamodule, host.task)
+        warn_rounds_past_the_run(self.plan.rule.config, host.trainer.max_epochs)
         strategy.round_schedule(datamodule)  # validates clients_per_round before training
         x, y = datamodule.train_split(0)
         self.executor = choose_executor(self.plan.executor, host, x, y)

@@ -227,6 +227,19 @@ class FedRCConfig:
                 "grouping ω is nearly uniform and clusters are owned by chance"
             )
 
+    def round_options(self) -> dict[str, int]:
+        """The round options that are set, each with the first round (numbered from 0) it acts in:
+        ``group_round`` rounds come before the grouping, so it acts from round ``group_round``."""
+        named = {
+            "group_round": self.group_round,
+            "group_late_round": self.group_late_round,
+            "removal_after": self.removal_after if self.removal_threshold is not None else None,
+            "merge_after": self.merge_after if self.merge_threshold is not None else None,
+            "retire_after": self.retire_after,
+            "omega_weighting_from": self.omega_weighting_from,
+        }
+        return {name: value for name, value in named.items() if value is not None}
+
     @property
     def grouping(self) -> ConceptGrouping | None:
         """Concept grouping as configured (None: off)."""

@@ -233,6 +233,7 @@ def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: 
             f"algorithms leave at least {num_clusters - datamodule.num_clients} empty); use num_clusters <= "
             f"{datamodule.num_clients}, the number of distinct data distributions you expect"
         )
+    warn_clients_without_rows(datamodule, task)
     ignored = [hook for hook in IGNORED_HOOKS if user_defined(type(model), hook)]
     if "training_step" in ignored and returns_the_engines_loss(model, task):
         ignored.remove("training_step")
@@ -246,6 +247,44 @@ def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: 
             f"self.log calls in them): {instead}. The engine uses {name}'s forward, configure_optimizers "
             "and, when defined, per_sample_loss(batch) or criterion; log more with a Callback "
             "(its hooks see trainer.lightning_module.round_metrics and eval_metrics)"
+        )
+
+
+def warn_clients_without_rows(datamodule: Any, task: Task) -> None:
+    """Warn when some clients have no validation or no test rows (tiny clients, a small
+    ``test_fraction``): they train, but the local metrics pool the other clients' rows only."""
+    sizes = {
+        "validation": getattr(datamodule, "val_sizes", None),
+        "test": getattr(datamodule, "test_sizes", None),
+    }
+    empty = {split: int((rows == 0).sum()) for split, rows in sizes.items() if rows is not None}
+    if not any(empty.values()):
+        return
+    metric, clients = task.metric, datamodule.num_clients
+    no_val, no_test = empty.get("validation", 0), empty.get("test", 0)
+    rank_zero_warn(
+        f"{no_val} of {clients} clients have no validation rows and {no_test} no test rows: they train "
+        f"and are placed in clusters, but val/local_{metric} and "
+        f"test/local_{metric} pool the rows of the other clients only (row-weighted), so how well their "
+        "clusters fit them is not measured; a larger test_fraction, or fewer and larger clients "
+        "(min_client_size), gives each client held-out rows"
+    )
+
+
+def warn_rounds_past_the_run(config: Any, max_epochs: int | None) -> None:
+    """Warn before training when a rule's round options (``config.round_options()``: each option
+    and the first round it acts in, rounds numbered from 0 like Lightning's epochs) lie at or past
+    the run's ``max_epochs`` rounds: the run ends before they act."""
+    options = getattr(config, "round_options", None)
+    if options is None or max_epochs is None or max_epochs < 0:
+        return
+    late = {name: value for name, value in options().items() if value >= max_epochs}
+    if late:
+        named = ", ".join(f"{name}={value}" for name, value in late.items())
+        rank_zero_warn(
+            f"{named} never take{'s' if len(late) == 1 else ''} effect: the run has max_epochs={max_epochs} "
+            f"rounds (rounds 0-{max_epochs - 1}, numbered like Lightning's epochs); lower "
+            f"{'it' if len(late) == 1 else 'them'} below {max_epochs} or raise max_epochs"
         )
 
 

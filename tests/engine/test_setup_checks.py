@@ -168,3 +168,37 @@ def test_a_training_step_with_another_loss_still_warns_and_only_once_per_module_
     messages = _fit_messages(NllStep(), fits=2)
     assert len(messages) == 1, messages
     assert messages[0].startswith("NllStep defines training_step")
+
+
+def test_round_options_past_the_runs_length_warn_before_training_naming_each():
+    strategy = lf.FedRCStrategy(3, local_steps=1, group_round=500, merge_threshold=0.1, merge_after=50)
+    trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
+    (message,) = [m for m in _messages(record) if "max_epochs=2" in m]
+    assert "group_round=500" in message and "merge_after=50" in message
+    assert "rounds 0-1" in message and "never" in message
+
+
+def test_round_options_within_the_run_give_no_such_warning():
+    strategy = lf.FedRCStrategy(3, local_steps=1, group_round=1)
+    trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
+    assert not [m for m in _messages(record) if "max_epochs=" in m]
+
+
+def test_clients_without_validation_or_test_rows_are_counted_before_training():
+    dm = DigitsFederated(num_clients=30, seed=0, test_fraction=0.02)
+    dm.setup("fit")
+    no_val, no_test = int((dm.val_sizes == 0).sum()), int((dm.test_sizes == 0).sum())
+    assert no_val > 0 and no_test > 0  # the case the warning is about
+    trainer = make_trainer(lf.FedAvgStrategy(local_steps=1), max_epochs=1, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=dm)
+    (message,) = [m for m in _messages(record) if "no validation rows" in m]
+    assert message.startswith(f"{no_val} of 30 clients have no validation rows and {no_test} no test rows")
+    assert "val/local_acc" in message and "test_fraction" in message
