@@ -42,11 +42,12 @@ class FedRCConfig:
         reseed_threshold: a remedy for dead clusters, off by default and in the paper presets
             (e.g. 0.05): after a round, the emptiest cluster whose share of γ is below it restarts
             as a copy of the largest cluster, which hands it a seeded random half of its clients
-            (:mod:`.reseed`); a server optimizer restarts its state for the re-seeded cluster. Not
+            (`reseed`); a server optimizer restarts its state for the re-seeded cluster. Not
             with ``removal_threshold`` or ``adam_gamma``.
         reseed_seed: seeds the random half of clients a re-seeding moves (a strategy passes its
             ``seed``).
-        group_round: concept grouping, a take-off mechanism (:mod:`.grouping`, ours; off by
+        group_round: concept grouping, a take-off mechanism
+            ([`grouping`][lightning_fedcluster.algorithms.grouping], ours; off by
             default and in the paper presets): in the rounds before it, clients compute a
             label-conditioned prediction signature in their E-step; after round ``group_round``
             the server groups them by k-medoids and gives each group's clients ω ``group_share``
@@ -55,7 +56,8 @@ class FedRCConfig:
         group_assign: "medoid" (k-medoids' groups, the default) or "mean": each client then moves
             to the group whose members are closest on average, weighted by the labels the two
             share, which keeps clients with noisy signatures (corrupted images, few shared
-            labels) from dragging a group (:mod:`.grouping`; needs ``group_round``).
+            labels) from dragging a group ([`grouping`][lightning_fedcluster.algorithms.grouping]; needs
+            ``group_round``).
         group_margin: e.g. 0.7: group only the clients whose best group score is below this
             times the second best; the others get uniform ω and FedRC's E-step places them
             (None: group every client; needs ``group_round``).
@@ -64,7 +66,8 @@ class FedRCConfig:
             labels before FedRC's E-step may move samples again (0: never; needs ``group_round``).
         group_late_round: e.g. 20, with ``group_margin``: after this many rounds, each client the
             margin left ungrouped goes to the cluster whose grouped clients' signatures are
-            closest on average, and is held for ``group_hold`` rounds (:mod:`.grouping`; None:
+            closest on average, and is held for ``group_hold`` rounds
+            ([`grouping`][lightning_fedcluster.algorithms.grouping]; None:
             FedRC's E-step places them; needs ``group_round``).
         group_ramp: e.g. 4, with ``group_hold``: in the first this-many held rounds a held
             client's γ is α·ω + (1 − α)·(the E-step's γ), α = h / (group_ramp + 1) in held round h,
@@ -73,20 +76,24 @@ class FedRCConfig:
         group_retire: K from the data, with the grouping (e.g. 0.1, with ``group_margin``): a
             group holding less than this share of the rows gets no cluster (its clients wait for
             the late pass), and the clusters no group went to retire when two or more groups got
-            one (:mod:`.grouping`; 0: only the latter; None: neither; needs ``group_round``).
+            one ([`grouping`][lightning_fedcluster.algorithms.grouping]; 0: only the latter; None: neither;
+            needs ``group_round``).
         group_release: e.g. 0.25, with ``group_hold``: release a held client from the hold early
             when the E-step score (mean −loss − log C per sample) of another cluster in use (some
             client's largest ω) exceeds its own cluster's by more than this (nats) in
             ``group_release_rounds`` held rounds in a row; its ω may then move
-            (:mod:`.hold_release`; None: every client is held to the end).
+            ([`hold_release`][lightning_fedcluster.algorithms.hold_release]; None: every client is held to the
+            end).
         group_release_rounds: the held rounds in a row of ``group_release`` (needs it).
-        merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
+        merge_threshold: merging ([`merging`][lightning_fedcluster.algorithms.merging], ours): from round
+            ``merge_after`` on, retire one
             of the two clusters whose members' mean log-likelihood per sample differs least
             between them, when that gap is below this (nats); None: never. With grouping,
             ``num_clusters`` is then an upper bound on K.
         merge_after: the first round index after which a merge may happen (needs
             ``merge_threshold``).
-        retire_after: retirement (:mod:`.retirement`): from this round index on, after every
+        retire_after: retirement ([`retirement`][lightning_fedcluster.algorithms.retirement]): from this round
+            index on, after every
             round, retire the clusters that no seen client's largest ω points to, so that the
             models held are the clusters in use (None: never). With grouping, at least
             ``group_round``; not with ``reseed_threshold``, which revives such clusters. With a

@@ -48,7 +48,8 @@ corrupted ones in the wrong clusters (``docs/how-clusters-form.md``).
 ``retire`` (K from the data, with the grouping): a group whose sure clients hold less than this
 share of the rows of all clients with a signature gets no cluster (its clients wait for the late
 pass, as the margin's others do), and the clusters no group went to are retired when two or more
-groups got one (:func:`.retirement.retire_spare` says why). A small group is typically a few
+groups got one ([`retire_spare`][lightning_fedcluster.algorithms.retirement.retire_spare] says why). A small
+group is typically a few
 corrupted clients of different concepts whose signatures look alike; given a cluster, FedRC's
 removal takes it away later and hands them to the concept clusters at once, where the late pass
 eases them in.
@@ -247,7 +248,8 @@ class ConceptGrouping:
 
     def _late_actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
         """The late pass: every seen client with a signature that no pass placed goes to the cluster
-        of :func:`late_clusters`, with ω ``share`` there; flagged ``LATE`` (held with ``hold``)."""
+        of [`late_clusters`][lightning_fedcluster.algorithms.grouping.late_clusters], with ω ``share`` there;
+        flagged ``LATE`` (held with ``hold``)."""
         flags = state.extra[HELD]
         with_signature = state.seen & (state.extra[SIGNATURE_ROWS].sum(1) > 0)
         grouped, waiting = with_signature & (flags > 0), with_signature & (flags == 0)

@@ -1,7 +1,8 @@
 """Releasing one held client before its hold ends (an option of concept grouping, ``group_release``;
 ours, not the papers').
 
-The grouping's hold (:mod:`.grouping`) keeps a grouped client's ω as grouped for ``hold`` rounds, so
+The grouping's hold ([`grouping`][lightning_fedcluster.algorithms.grouping]) keeps a grouped client's ω as
+grouped for ``hold`` rounds, so
 that each concept's cluster learns all of its concept's labels before FedRC's E-step may move samples
 again. A client the grouping put in the wrong group is held there as well, and its cluster trains on
 its data for the whole hold. The hold lengths measured trade one case against the other
@@ -10,7 +11,8 @@ right, a 20-round hold where it misplaces clients. The release ends the hold for
 
 In every held round each client reports its E-step score per cluster (the merge rule's
 ``cluster_scores``: mean −loss − log C_{y,k} per sample). Its margin is its best score under another
-cluster in use (the largest ω of some seen client, :func:`.retirement.unowned_clusters`' complement)
+cluster in use (the largest ω of some seen client,
+[`unowned_clusters`][lightning_fedcluster.algorithms.retirement.unowned_clusters]' complement)
 minus its score under its own (its largest ω, the held cluster). A spare cluster that no client owns
 is left out: while ω is held it trains only on the (1 − share) of ω the grouping leaves over, and it
 says nothing about the concepts (with one concept, every client owns the same cluster, so no client
