@@ -120,7 +120,7 @@ class CFL(HardAssignment):
                 CopyCluster(child, parent),
                 Reassign(movers, omega),
                 Note(
-                    f"round {outcome.round_index}: CFL split cluster {parent}; clients {movers.tolist()} "
+                    f"round {outcome.round_index + 1}: CFL split cluster {parent}; clients {movers.tolist()} "
                     f"move to new cluster {child}"
                 ),
             ]

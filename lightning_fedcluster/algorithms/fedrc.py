@@ -136,7 +136,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         return [
             RemoveClusters(remove),  # the store renormalises the declared mixtures (γ) with ω
             Note(
-                f"round {outcome.round_index}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
+                f"round {outcome.round_index + 1}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
                 f"(share of γ below the threshold); {kept} remain"
             ),
         ]
@@ -155,7 +155,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         if split is None:
             return []
         note = Note(
-            f"round {outcome.round_index}: re-seeded cluster {split.target} (share of γ below "
+            f"round {outcome.round_index + 1}: re-seeded cluster {split.target} (share of γ below "
             f"{self.config.reseed_threshold}) from cluster {split.source}, splitting its "
             f"{split.clients.numel()} clients"
         )

@@ -29,7 +29,8 @@ class FedRCConfig:
         removal_threshold: δ of adaptive K (App. F, e.g. 0.05): start with a generous
             ``num_clusters`` and, after each round, remove clusters whose share of γ over all seen
             clients' data is below δ (None: never).
-        removal_after: the first round index at whose end adaptive K may remove a cluster (needs
+        removal_after: adaptive K removes no cluster in the first this-many rounds, the first
+            removal may come at the end of round ``removal_after + 1`` (rounds counted from 1; needs
             ``removal_threshold``; 0, the paper's, from the first round). With grouping,
             ``group_round`` or later removes the clusters the grouping left small instead of those
             the nearly uniform shares before it happen to put under δ
@@ -85,23 +86,24 @@ class FedRCConfig:
             ([`hold_release`][lightning_fedcluster.algorithms.hold_release]; None: every client is held to the
             end).
         group_release_rounds: the held rounds in a row of ``group_release`` (needs it).
-        merge_threshold: merging ([`merging`][lightning_fedcluster.algorithms.merging], ours): from round
-            ``merge_after`` on, retire one
-            of the two clusters whose members' mean log-likelihood per sample differs least
-            between them, when that gap is below this (nats); None: never. With grouping,
-            ``num_clusters`` is then an upper bound on K.
-        merge_after: the first round index after which a merge may happen (needs
-            ``merge_threshold``).
-        retire_after: retirement ([`retirement`][lightning_fedcluster.algorithms.retirement]): from this round
-            index on, after every
-            round, retire the clusters that no seen client's largest ω points to, so that the
-            models held are the clusters in use (None: never). With grouping, at least
-            ``group_round``; not with ``reseed_threshold``, which revives such clusters. With a
-            hold, start it (and ``merge_after``, ``removal_after``) a few rounds after the hold
-            ends, e.g. ``group_round + group_hold + 5``: while ω is held as grouped, a cluster
-            nobody's largest ω points to may still be the one that fits (How clusters form).
-        omega_weighting_from: e.g. ``group_round``: from this round index on, the server weighs
-            client i's copy of cluster k by N_i · ω_ik instead of the authors' N_i (ours). Each
+        merge_threshold: merging ([`merging`][lightning_fedcluster.algorithms.merging], ours):
+            after the first ``merge_after`` rounds, at a round's end, retire one of the two
+            clusters whose members' mean log-likelihood per sample differs least between them,
+            when that gap is below this (nats); None: never. With grouping, ``num_clusters`` is
+            then an upper bound on K.
+        merge_after: no merge in the first this-many rounds, the first may come at the end of
+            round ``merge_after + 1`` (needs ``merge_threshold``).
+        retire_after: retirement ([`retirement`][lightning_fedcluster.algorithms.retirement]): after
+            the first this-many rounds, at the end of every round, retire the clusters that no seen
+            client's largest ω points to, so that the models held are the clusters in use (None:
+            never). With grouping, at least ``group_round``; not with ``reseed_threshold``, which
+            revives such clusters. With a hold, start it (and ``merge_after``, ``removal_after``)
+            a few rounds after the hold ends, e.g. ``group_round + group_hold + 5``: while ω is
+            held as grouped, a cluster nobody's largest ω points to may still be the one that fits
+            (How clusters form).
+        omega_weighting_from: e.g. ``group_round``: after the first this-many rounds (from round
+            ``omega_weighting_from + 1`` on, the first after a grouping at ``group_round``), the
+            server weighs client i's copy of cluster k by N_i · ω_ik instead of the authors' N_i (ours). Each
             sample's γ already scales its gradient, so with N_i a cluster serving a third of the
             data moves at about a third of FedAvg's rate; with ω it moves at about the rate of
             FedAvg over its own clients. Uniform ω gives the same weights as N_i. Off by default
@@ -184,7 +186,7 @@ class FedRCConfig:
             rounds["omega_weighting_from"] = self.omega_weighting_from
         for name, index in rounds.items():
             if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                raise ValueError(f"{name} must be a round index >= 0, got {index!r}")
+                raise ValueError(f"{name} must be a number of rounds >= 0, got {index!r}")
         strength = self.omega_weighting_strength
         if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 < strength <= 1:
             raise ValueError(
@@ -235,8 +237,8 @@ class FedRCConfig:
             )
 
     def round_options(self) -> dict[str, int]:
-        """The round options that are set, each with the first round (numbered from 0) it acts in:
-        ``group_round`` rounds come before the grouping, so it acts from round ``group_round``."""
+        """The round options that are set, each with its value: the rounds that come before it acts
+        (every round option counts rounds, as ``max_epochs`` does)."""
         named = {
             "group_round": self.group_round,
             "group_late_round": self.group_late_round,

@@ -124,7 +124,7 @@ class FeSEM(HardAssignment, ModelDistances):
             *(SetCentre(k, outcome.vectors[row]) for k, row in centres.items()),
             Reassign(outcome.clients, torch.nn.functional.one_hot(assignment, self.num_clusters).double()),
             SetState("centres_ready", torch.tensor(1.0)),
-            Note(f"round {outcome.round_index}: centres initialised from the models of clients {picked}"),
+            Note(f"round {outcome.round_index + 1}: centres initialised from the models of clients {picked}"),
         ]
 
     def initial_centres(

@@ -202,7 +202,8 @@ class ConceptGrouping:
         if clients.numel() < 2:
             return [
                 Note(
-                    f"round {round_index}: concept grouping skipped (fewer than two clients with signatures)"
+                    f"round {round_index + 1}: concept grouping skipped (fewer than two clients with "
+                    "signatures)"
                 )
             ]
         rows = state.extra[SIGNATURE_ROWS][clients]
@@ -217,7 +218,7 @@ class ConceptGrouping:
             omega = cluster_omega(taken, state.active, self.share)
             sizes = torch.bincount(groups).tolist()
             note = Note(
-                f"round {round_index}: grouped {clients.numel()} clients by concept signature into "
+                f"round {round_index + 1}: grouped {clients.numel()} clients by concept signature into "
                 f"{len(sizes)} groups of {sizes} clients"
             )
             retired = retire_spare(self.retire is not None, taken, state.active)
@@ -239,7 +240,7 @@ class ConceptGrouping:
         else:
             sizes = []
         note = Note(
-            f"round {round_index}: grouped {int(sure.sum())} of {clients.numel()} clients by concept "
+            f"round {round_index + 1}: grouped {int(sure.sum())} of {clients.numel()} clients by concept "
             f"signature into {len(sizes)} groups of {sizes} clients (margin {self.margin}); "
             f"{int((~sure).sum())} set to uniform ω"
         )
@@ -254,7 +255,7 @@ class ConceptGrouping:
         with_signature = state.seen & (state.extra[SIGNATURE_ROWS].sum(1) > 0)
         grouped, waiting = with_signature & (flags > 0), with_signature & (flags == 0)
         if not bool(grouped.any()) or not bool(waiting.any()):
-            return [Note(f"round {round_index}: late grouping pass: no ungrouped client to place")]
+            return [Note(f"round {round_index + 1}: late grouping pass: no ungrouped client to place")]
         clients = (grouped | waiting).nonzero().flatten()
         rows = state.extra[SIGNATURE_ROWS][clients]
         distances, _ = signature_distances(state.extra[SIGNATURE][clients], rows)
@@ -264,12 +265,12 @@ class ConceptGrouping:
         )
         placed = waiting[clients] & (clusters >= 0)
         if not bool(placed.any()):
-            return [Note(f"round {round_index}: late grouping pass: no ungrouped client shares a label")]
+            return [Note(f"round {round_index + 1}: late grouping pass: no ungrouped client shares a label")]
         omega = cluster_omega(clusters[placed], state.active, self.share)
         marked = flags.clone()
         marked[clients[placed]] = LATE
         note = Note(
-            f"round {round_index}: late grouping pass placed {int(placed.sum())} ungrouped clients in "
+            f"round {round_index + 1}: late grouping pass placed {int(placed.sum())} ungrouped clients in "
             f"clusters {clusters[placed].tolist()}"
         )
         return [Reassign(clients[placed], omega), SetState(HELD, marked), note]

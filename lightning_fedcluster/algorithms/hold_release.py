@@ -83,7 +83,7 @@ class HoldRelease:
             actions += [
                 SetState(HELD, marked),
                 Note(
-                    f"round {round_index}: released clients {released.tolist()} from the hold (another "
+                    f"round {round_index + 1}: released clients {released.tolist()} from the hold (another "
                     f"cluster scored over {self.margin} nats per sample higher in {self.rounds} held "
                     "rounds in a row)"
                 ),

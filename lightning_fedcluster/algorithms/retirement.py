@@ -45,7 +45,7 @@ class ClusterRetirement:
 
     def __post_init__(self) -> None:
         if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
-            raise ValueError(f"retire_after must be a round index >= 0, got {self.after!r}")
+            raise ValueError(f"retire_after must be a number of rounds >= 0, got {self.after!r}")
 
     def actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
         """After round ``round_index``: retire the unowned clusters when due, else none."""
@@ -58,7 +58,7 @@ class ClusterRetirement:
         return [
             RemoveClusters(retire),
             Note(
-                f"round {round_index}: retired cluster(s) {retire.nonzero().flatten().tolist()} "
+                f"round {round_index + 1}: retired cluster(s) {retire.nonzero().flatten().tolist()} "
                 f"(no client's largest ω); {kept} remain"
             ),
         ]

@@ -190,8 +190,8 @@ def check_loss_growth(first: float | None, loss: float, round_index: int) -> flo
         return loss if math.isfinite(loss) and loss > 0 else None
     if loss > LOSS_GROWTH_FACTOR * first:
         rank_zero_warn(
-            f"round {round_index}: the training loss {loss:.4g} is over {LOSS_GROWTH_FACTOR:.0f}x the first "
-            f"round's ({first:.4g}); training is diverging: lower the learning rate"
+            f"round {round_index + 1}: the training loss {loss:.4g} is over {LOSS_GROWTH_FACTOR:.0f}x "
+            f"the first round's ({first:.4g}); training is diverging: lower the learning rate"
         )
         return math.inf
     return first
@@ -273,18 +273,19 @@ def warn_clients_without_rows(datamodule: Any, task: Task) -> None:
 
 def warn_rounds_past_the_run(config: Any, max_epochs: int | None) -> None:
     """Warn before training when a rule's round options (``config.round_options()``: each option
-    and the first round it acts in, rounds numbered from 0 like Lightning's epochs) lie at or past
-    the run's ``max_epochs`` rounds: the run ends before they act."""
+    and its value k, which acts after round k) are at least the run's ``max_epochs`` rounds: no
+    round of the run trains with them (at most the final model's evaluation sees them)."""
     options = getattr(config, "round_options", None)
     if options is None or max_epochs is None or max_epochs < 0:
         return
     late = {name: value for name, value in options().items() if value >= max_epochs}
     if late:
         named = ", ".join(f"{name}={value}" for name, value in late.items())
+        one = len(late) == 1
         rank_zero_warn(
-            f"{named} never take{'s' if len(late) == 1 else ''} effect: the run has max_epochs={max_epochs} "
-            f"rounds (rounds 0-{max_epochs - 1}, numbered like Lightning's epochs); lower "
-            f"{'it' if len(late) == 1 else 'them'} below {max_epochs} or raise max_epochs"
+            f"{named} leave{'s' if one else ''} no round to train after {'it' if one else 'them'}: the "
+            f"run has max_epochs={max_epochs} rounds (rounds 1-{max_epochs}) and a round option k acts "
+            f"after round k; lower {'it' if one else 'them'} below {max_epochs} or raise max_epochs"
         )
 
 
@@ -340,7 +341,7 @@ def check_chance_level(rounds: int, metrics: dict[str, float], round_index: int,
     if rounds < CHANCE_ROUNDS:
         return rounds
     rank_zero_warn(
-        f"round {round_index}: training is at chance level for {rounds} rounds (loss {loss:.4g} >= log "
+        f"round {round_index + 1}: training is at chance level for {rounds} rounds (loss {loss:.4g} >= log "
         f"{num_classes} = {math.log(num_classes):.4g}, the loss of a uniform guess; accuracy {accuracy:.3f} "
         f"for 1/{num_classes} = {1 / num_classes:.3f}): the learning rate is most likely too high (the "
         "model collapsed to a constant prediction): lower it, e.g. tenfold"

@@ -188,7 +188,7 @@ class FlowerServer:
         round_index = round_state.round_index
         rejected = round_state.clients[(round_state.report["rejected"] > 0).cpu()].tolist()
         if rejected:
-            self.found.rejected[round_index] = rejected
+            self.found.rejected[round_index + 1] = rejected
         last = round_index + 1 == self.num_rounds
         if self.eval_every and ((round_index + 1) % self.eval_every == 0 or last):
             metrics.update(grid_executor.validate())

@@ -52,7 +52,7 @@ def test_the_quick_start_console_has_no_library_warning_and_bounded_progress(tmp
     # any warning raised from the library's own files would be printed with its path: here only
     # the one that the main job's round options lie past these 6 rounds
     (library,) = re.findall(r"lightning_fedcluster/\S+\.py:\d+: (.*)", output) or [output]
-    assert library.startswith("group_round=20, group_late_round=25, omega_weighting_from=20 never take")
+    assert library.startswith("group_round=20, group_late_round=25, omega_weighting_from=20 leave no")
     assert "max_epochs=6" in library
     # no epoch or per-client validation bars: one line per round at most, here every round (6 <= 10)
     assert "Validation DataLoader" not in output and "Epoch 0" not in output

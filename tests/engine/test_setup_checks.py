@@ -76,7 +76,7 @@ def test_a_learning_rate_that_trains_to_chance_warns_once_naming_the_round():
         trainer.fit(MLPClassifier(lr=50.0), datamodule=DigitsFederated(seed=0))
     chance = [m for m in _messages(record) if "chance level" in m]
     assert len(chance) == 1, chance
-    assert chance[0].startswith(f"round {CHANCE_ROUNDS}: training is at chance level")
+    assert chance[0].startswith(f"round {CHANCE_ROUNDS + 1}: training is at chance level")
     assert "log 10" in chance[0] and "learning rate" in chance[0]
 
 
@@ -99,7 +99,7 @@ def test_chance_counting_needs_consecutive_rounds_and_skips_regression_and_round
     assert check_chance_level(0, at_chance, 1, 10) == 1
     assert check_chance_level(1, learning, 2, 10) == 0  # below log C: reset
     assert check_chance_level(1, {"train/loss": 5.0, "train/mse": 1.0}, 2, 0) == 1  # regression
-    with pytest.warns(UserWarning, match=r"round 3: training is at chance level for 3 rounds"):
+    with pytest.warns(UserWarning, match=r"round 4: training is at chance level for 3 rounds"):
         assert check_chance_level(CHANCE_ROUNDS - 1, at_chance, 3, 10) == -1
     assert check_chance_level(-1, at_chance, 4, 10) == -1  # once
 
@@ -178,7 +178,7 @@ def test_round_options_past_the_runs_length_warn_before_training_naming_each():
         trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
     (message,) = [m for m in _messages(record) if "max_epochs=2" in m]
     assert "group_round=500" in message and "merge_after=50" in message
-    assert "rounds 0-1" in message and "never" in message
+    assert "rounds 1-2" in message and "no round to train after them" in message
 
 
 def test_round_options_within_the_run_give_no_such_warning():
