@@ -112,7 +112,7 @@ def test_non_finite_loss_names_the_round_and_client():
     dm = DigitsFederated(num_clients=6, seed=0)
     NaNOnClientFour.poisoned = dm.train_split(4)[0][:1].clone()
     trainer = make_trainer(FedRCStrategy(2, local_steps=2), max_epochs=2)
-    with pytest.raises(FloatingPointError, match="round 0 at client 4"):
+    with pytest.raises(FloatingPointError, match="round 1 at client 4"):
         trainer.fit(NaNOnClientFour(), datamodule=dm)
 
 
