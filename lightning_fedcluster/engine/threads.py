@@ -3,8 +3,8 @@
 torch splits an operation over its intra-op threads (by default one per core). A client's local
 step on the quick start's MLP is a few small matrix products (about 5 MFLOP), far too little to
 share: the threads spend their time waiting for each other, and on a machine where other work runs
-each of them waits for a core as well (the quick start took 78 s with the default threads under a
-load of 3 to 9, and 25 s with one thread; ``benchmarks/results/threads.md``). So a fit sets torch's
+each of them waits for a core as well (two threads took 1.7x to 3.4x as long as one for the quick
+start on a loaded 2-core machine; ``benchmarks/results/quickstart.md``). So a fit sets torch's
 thread count for its duration, in this order:
 
 1. the strategy's ``num_threads`` (e.g. ``FedRCStrategy(3, num_threads=2)``);
