@@ -4,13 +4,12 @@ processes (each a Python loop spinning on one core).
 Each run is the quick start's command, ``fedcluster fit`` with its defaults, in a fresh process
 (start-up included, as a user waits for it) with ``--rounds`` rounds (default 50 of its 150, to
 keep the measurement short; the recorded table used 30; validation every 25 rounds, figures off).
-Settings: "engine" (the
-strategy's ``num_threads`` left unset: the engine's choice, one thread for this model), and
-``num_threads`` 1, 2, ... up to the cores (2 was the default before the engine chose: torch's
-count on 2 cores). ``OMP_NUM_THREADS`` is unset in every run. The busy processes start before
-and stop after each load's runs; the settings are interleaved within a load. The table gives each
-run's seconds, its ratio to the best setting at that load, and the 1-minute load average at its
-start; the machine line is printed first.
+Settings: "engine" (the strategy's ``num_threads`` left unset: the engine's choice, one thread
+for this model), and ``num_threads`` 1, 2, ... up to the cores (2 was the default before the
+engine chose: torch's count on 2 cores). ``OMP_NUM_THREADS`` is unset in every run. The busy
+processes start before and stop after each load's runs; the settings are interleaved within a
+load. The table gives each run's seconds, its ratio to the best setting at that load, and the
+1-minute load average at its start; the machine line is printed first.
 
     python benchmarks/threads.py --rounds 50
 """
