@@ -50,8 +50,15 @@ from lightning_fedcluster.engine.setup_checks import (
     check_rule_on_model,
     check_training_setup,
     warn_before_fit,
+    warn_rounds_past_the_run,
 )
 from lightning_fedcluster.engine.task import Task
+from lightning_fedcluster.engine.threads import (
+    apply_threads,
+    choose_threads,
+    step_flops,
+    users_threads_variable,
+)
 from lightning_fedcluster.metrics.undefined import warn_nan_metrics
 
 
@@ -125,11 +132,25 @@ class FederatedTraining:
             self._pending = None
         self._resident = None
 
+    def _choose_threads(self, host: TrainingHost, strategy: FederatedRun, x: Tensor) -> None:
+        """torch's intra-op threads for the fit (``engine/threads.py``), said on the console. With
+        several processes only an explicit ``num_threads`` changes Lightning's count, so that every
+        process runs with the same count (bit-identical results need it)."""
+        requested = self.plan.num_threads
+        if strategy.world_size > 1 and requested is None:
+            return
+        flops = step_flops(host.models[0], x[:1].to(host.device), host.batch_size, host.num_clusters)
+        choice = choose_threads(requested, users_threads_variable(), flops)
+        apply_threads(choice)
+        rank_zero_info(choice.describe())
+
     def _prepare_fit(self, host: TrainingHost, strategy: FederatedRun, datamodule: Any) -> None:
         assert self.plan is not None
         warn_before_fit(host.models[0], host.num_clusters, datamodule, host.task)
+        warn_rounds_past_the_run(self.plan.rule.config, host.trainer.max_epochs)
         strategy.round_schedule(datamodule)  # validates clients_per_round before training
         x, y = datamodule.train_split(0)
+        self._choose_threads(host, strategy, x)
         self.executor = choose_executor(self.plan.executor, host, x, y)
         self.chunk_size = None
         if self.executor == "vectorized":

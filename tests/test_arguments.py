@@ -112,7 +112,7 @@ def test_non_finite_loss_names_the_round_and_client():
     dm = DigitsFederated(num_clients=6, seed=0)
     NaNOnClientFour.poisoned = dm.train_split(4)[0][:1].clone()
     trainer = make_trainer(FedRCStrategy(2, local_steps=2), max_epochs=2)
-    with pytest.raises(FloatingPointError, match="round 0 at client 4"):
+    with pytest.raises(FloatingPointError, match="round 1 at client 4"):
         trainer.fit(NaNOnClientFour(), datamodule=dm)
 
 
@@ -128,7 +128,7 @@ class InfiniteTrainingLoss(MLPClassifier):
 def test_diverging_training_names_the_round_client_and_local_step():
     dm = DigitsFederated(num_clients=6, seed=0)
     trainer = make_trainer(FedRCStrategy(1, local_steps=2), max_epochs=2)
-    with pytest.raises(FloatingPointError, match=r"round 0 at client 0 at local step 0"):
+    with pytest.raises(FloatingPointError, match=r"round 1 at client 0 at local step 0"):
         trainer.fit(InfiniteTrainingLoss(), datamodule=dm)
 
 

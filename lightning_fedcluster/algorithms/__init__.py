@@ -1,12 +1,15 @@
 """Pure tensor math of the algorithms: E-steps, weights, aggregation, client state, server actions.
 
-One module per algorithm's rules: :mod:`.fedrc` (FedRC, FedEM), :mod:`.dfedem`, :mod:`.fedsoft`,
-:mod:`.ifca`, :mod:`.fesem` (FeSEM, WeCFL), :mod:`.cfl`, :mod:`.fedprox` (FedProx, FedAvg). The
-contract they implement: :mod:`.base` (``ClientRule``, ``ServerRule``, ``Algorithm``), the optional
-protocols in :mod:`.protocols`, what the server hooks see (:mod:`.server_view`) and return
-(:mod:`.actions`), and the client store with its declared entries (:mod:`.client_state`). Shared
-by all: server optimizers (:mod:`.server_optimizer`); FedRC's optional re-seeding of dead clusters
-is :mod:`.reseed`.
+One module per algorithm's rules: `fedrc` (FedRC, FedEM), `dfedem`, `fedsoft`,
+`ifca`, `fesem` (FeSEM, WeCFL), `cfl`, `fedprox` (FedProx, FedAvg). The
+contract they implement: [`base`][lightning_fedcluster.algorithms.base] (``ClientRule``, ``ServerRule``,
+``Algorithm``), the optional
+protocols in [`protocols`][lightning_fedcluster.algorithms.protocols], what the server hooks see
+([`server_view`][lightning_fedcluster.algorithms.server_view]) and return
+([`actions`][lightning_fedcluster.algorithms.actions]), and the client store with its declared entries
+([`client_state`][lightning_fedcluster.algorithms.client_state]). Shared
+by all: server optimizers (`server_optimizer`); FedRC's optional re-seeding of dead clusters
+is `reseed`.
 """
 
 from lightning_fedcluster.algorithms.base import (

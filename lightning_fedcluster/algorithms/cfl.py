@@ -79,7 +79,8 @@ class CFLConfig:
 
 class CFL(HardAssignment):
     """CFL's rules; ``num_clusters`` is the most clusters the splits may create (one at the
-    start). Options in :class:`CFLConfig` (``CFL.Config``): ``CFL(4, eps1=0.4, eps2=1.6)``."""
+    start). Options in [`CFLConfig`][lightning_fedcluster.algorithms.cfl.CFLConfig] (``CFL.Config``): ``CFL(4,
+    eps1=0.4, eps2=1.6)``."""
 
     Config = CFLConfig
     config: CFLConfig
@@ -119,7 +120,7 @@ class CFL(HardAssignment):
                 CopyCluster(child, parent),
                 Reassign(movers, omega),
                 Note(
-                    f"round {outcome.round_index}: CFL split cluster {parent}; clients {movers.tolist()} "
+                    f"round {outcome.round_index + 1}: CFL split cluster {parent}; clients {movers.tolist()} "
                     f"move to new cluster {child}"
                 ),
             ]

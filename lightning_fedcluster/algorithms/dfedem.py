@@ -66,7 +66,8 @@ class DFedEMConfig:
 
 
 class DFedEM(SoftMixture, PersonalMixing):
-    """D-FedEM's rules; options in :class:`DFedEMConfig` (``DFedEM.Config``)."""
+    """D-FedEM's rules; options in [`DFedEMConfig`][lightning_fedcluster.algorithms.dfedem.DFedEMConfig]
+    (``DFedEM.Config``)."""
 
     Config = DFedEMConfig
     config: DFedEMConfig

@@ -4,7 +4,7 @@ FedRC's E-step divides each sample's likelihood by the cluster's label frequency
 clusters separate labelling rules (concepts) and not label mixes. ``use_label_stats=False`` is
 FedEM (C ≡ 1). Options from the FedRC paper's appendices: Adam on γ (App. H.3), Gaussian noise
 on the reported label sums (App. E), hard clustering in training (TrHC) and in prediction (TeHC).
-Adaptive cluster removal (App. F) is :func:`clusters_to_remove` plus ``ClientState.remove_clusters``.
+Adaptive cluster removal (App. F) is `clusters_to_remove` plus ``ClientState.remove_clusters``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
 
 
 class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
-    """FedRC's rules (and FedEM's: ``use_label_stats=False``); options in :class:`FedRCConfig`
+    """FedRC's rules (and FedEM's: ``use_label_stats=False``); options in
+    [`FedRCConfig`][lightning_fedcluster.algorithms.fedrc_config.FedRCConfig]
     (``FedRC.Config``), e.g. ``FedRC(3, adam_gamma=True)`` or ``FedRC(3, config=FedRC.Config(...))``."""
 
     Config = FedRCConfig
@@ -135,7 +136,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         return [
             RemoveClusters(remove),  # the store renormalises the declared mixtures (γ) with ω
             Note(
-                f"round {outcome.round_index}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
+                f"round {outcome.round_index + 1}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
                 f"(share of γ below the threshold); {kept} remain"
             ),
         ]
@@ -154,7 +155,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         if split is None:
             return []
         note = Note(
-            f"round {outcome.round_index}: re-seeded cluster {split.target} (share of γ below "
+            f"round {outcome.round_index + 1}: re-seeded cluster {split.target} (share of γ below "
             f"{self.config.reseed_threshold}) from cluster {split.source}, splitting its "
             f"{split.clients.numel()} clients"
         )

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightning_fedcluster.algorithms.grouping import ConceptGrouping
-from lightning_fedcluster.algorithms.hold_release import HoldRelease
+from lightning_fedcluster.algorithms.grouping import ConceptGrouping, check_grouping_values
+from lightning_fedcluster.algorithms.hold_release import HoldRelease, check_release_values
 from lightning_fedcluster.algorithms.merging import ClusterMerging
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
 from lightning_fedcluster.algorithms.retirement import ClusterRetirement
@@ -29,7 +29,8 @@ class FedRCConfig:
         removal_threshold: δ of adaptive K (App. F, e.g. 0.05): start with a generous
             ``num_clusters`` and, after each round, remove clusters whose share of γ over all seen
             clients' data is below δ (None: never).
-        removal_after: the first round index at whose end adaptive K may remove a cluster (needs
+        removal_after: adaptive K removes no cluster in the first this-many rounds, the first
+            removal may come at the end of round ``removal_after + 1`` (rounds counted from 1; needs
             ``removal_threshold``; 0, the paper's, from the first round). With grouping,
             ``group_round`` or later removes the clusters the grouping left small instead of those
             the nearly uniform shares before it happen to put under δ
@@ -42,11 +43,12 @@ class FedRCConfig:
         reseed_threshold: a remedy for dead clusters, off by default and in the paper presets
             (e.g. 0.05): after a round, the emptiest cluster whose share of γ is below it restarts
             as a copy of the largest cluster, which hands it a seeded random half of its clients
-            (:mod:`.reseed`); a server optimizer restarts its state for the re-seeded cluster. Not
+            (`reseed`); a server optimizer restarts its state for the re-seeded cluster. Not
             with ``removal_threshold`` or ``adam_gamma``.
         reseed_seed: seeds the random half of clients a re-seeding moves (a strategy passes its
             ``seed``).
-        group_round: concept grouping, a take-off mechanism (:mod:`.grouping`, ours; off by
+        group_round: concept grouping, a take-off mechanism
+            ([`grouping`][lightning_fedcluster.algorithms.grouping], ours; off by
             default and in the paper presets): in the rounds before it, clients compute a
             label-conditioned prediction signature in their E-step; after round ``group_round``
             the server groups them by k-medoids and gives each group's clients ω ``group_share``
@@ -55,7 +57,8 @@ class FedRCConfig:
         group_assign: "medoid" (k-medoids' groups, the default) or "mean": each client then moves
             to the group whose members are closest on average, weighted by the labels the two
             share, which keeps clients with noisy signatures (corrupted images, few shared
-            labels) from dragging a group (:mod:`.grouping`; needs ``group_round``).
+            labels) from dragging a group ([`grouping`][lightning_fedcluster.algorithms.grouping]; needs
+            ``group_round``).
         group_margin: e.g. 0.7: group only the clients whose best group score is below this
             times the second best; the others get uniform ω and FedRC's E-step places them
             (None: group every client; needs ``group_round``).
@@ -64,7 +67,8 @@ class FedRCConfig:
             labels before FedRC's E-step may move samples again (0: never; needs ``group_round``).
         group_late_round: e.g. 20, with ``group_margin``: after this many rounds, each client the
             margin left ungrouped goes to the cluster whose grouped clients' signatures are
-            closest on average, and is held for ``group_hold`` rounds (:mod:`.grouping`; None:
+            closest on average, and is held for ``group_hold`` rounds
+            ([`grouping`][lightning_fedcluster.algorithms.grouping]; None:
             FedRC's E-step places them; needs ``group_round``).
         group_ramp: e.g. 4, with ``group_hold``: in the first this-many held rounds a held
             client's γ is α·ω + (1 − α)·(the E-step's γ), α = h / (group_ramp + 1) in held round h,
@@ -73,28 +77,33 @@ class FedRCConfig:
         group_retire: K from the data, with the grouping (e.g. 0.1, with ``group_margin``): a
             group holding less than this share of the rows gets no cluster (its clients wait for
             the late pass), and the clusters no group went to retire when two or more groups got
-            one (:mod:`.grouping`; 0: only the latter; None: neither; needs ``group_round``).
+            one ([`grouping`][lightning_fedcluster.algorithms.grouping]; 0: only the latter; None: neither;
+            needs ``group_round``).
         group_release: e.g. 0.25, with ``group_hold``: release a held client from the hold early
             when the E-step score (mean −loss − log C per sample) of another cluster in use (some
             client's largest ω) exceeds its own cluster's by more than this (nats) in
             ``group_release_rounds`` held rounds in a row; its ω may then move
-            (:mod:`.hold_release`; None: every client is held to the end).
+            ([`hold_release`][lightning_fedcluster.algorithms.hold_release]; None: every client is held to the
+            end).
         group_release_rounds: the held rounds in a row of ``group_release`` (needs it).
-        merge_threshold: merging (:mod:`.merging`, ours): from round ``merge_after`` on, retire one
-            of the two clusters whose members' mean log-likelihood per sample differs least
-            between them, when that gap is below this (nats); None: never. With grouping,
-            ``num_clusters`` is then an upper bound on K.
-        merge_after: the first round index after which a merge may happen (needs
-            ``merge_threshold``).
-        retire_after: retirement (:mod:`.retirement`): from this round index on, after every
-            round, retire the clusters that no seen client's largest ω points to, so that the
-            models held are the clusters in use (None: never). With grouping, at least
-            ``group_round``; not with ``reseed_threshold``, which revives such clusters. With a
-            hold, start it (and ``merge_after``, ``removal_after``) a few rounds after the hold
-            ends, e.g. ``group_round + group_hold + 5``: while ω is held as grouped, a cluster
-            nobody's largest ω points to may still be the one that fits (How clusters form).
-        omega_weighting_from: e.g. ``group_round``: from this round index on, the server weighs
-            client i's copy of cluster k by N_i · ω_ik instead of the authors' N_i (ours). Each
+        merge_threshold: merging ([`merging`][lightning_fedcluster.algorithms.merging], ours):
+            after the first ``merge_after`` rounds, at a round's end, retire one of the two
+            clusters whose members' mean log-likelihood per sample differs least between them,
+            when that gap is below this (nats); None: never. With grouping, ``num_clusters`` is
+            then an upper bound on K.
+        merge_after: no merge in the first this-many rounds, the first may come at the end of
+            round ``merge_after + 1`` (needs ``merge_threshold``).
+        retire_after: retirement ([`retirement`][lightning_fedcluster.algorithms.retirement]): after
+            the first this-many rounds, at the end of every round, retire the clusters that no seen
+            client's largest ω points to, so that the models held are the clusters in use (None:
+            never). With grouping, at least ``group_round``; not with ``reseed_threshold``, which
+            revives such clusters. With a hold, start it (and ``merge_after``, ``removal_after``)
+            a few rounds after the hold ends, e.g. ``group_round + group_hold + 5``: while ω is
+            held as grouped, a cluster nobody's largest ω points to may still be the one that fits
+            (How clusters form).
+        omega_weighting_from: e.g. ``group_round``: after the first this-many rounds (from round
+            ``omega_weighting_from + 1`` on, the first after a grouping at ``group_round``), the
+            server weighs client i's copy of cluster k by N_i · ω_ik instead of the authors' N_i (ours). Each
             sample's γ already scales its gradient, so with N_i a cluster serving a third of the
             data moves at about a third of FedAvg's rate; with ω it moves at about the rate of
             FedAvg over its own clients. Uniform ω gives the same weights as N_i. Off by default
@@ -157,6 +166,32 @@ class FedRCConfig:
         ):
             if on and self.adam_gamma:
                 raise ValueError(f"{name} cannot be combined with adam_gamma: use one or the other")
+        # Each value on its own first, so that a bad one is named before a missing option it needs.
+        check_grouping_values(
+            self.group_share,
+            self.group_assign,
+            self.group_margin,
+            self.group_hold,
+            self.group_ramp,
+            self.group_retire,
+            self.group_late_round,
+        )
+        check_release_values(self.group_release, self.group_release_rounds)
+        rounds = {
+            "removal_after": self.removal_after,
+            "merge_after": self.merge_after,
+            "omega_weighting_ramp": self.omega_weighting_ramp,
+        }
+        if self.omega_weighting_from is not None:  # None: off
+            rounds["omega_weighting_from"] = self.omega_weighting_from
+        for name, index in rounds.items():
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise ValueError(f"{name} must be a number of rounds >= 0, got {index!r}")
+        strength = self.omega_weighting_strength
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 < strength <= 1:
+            raise ValueError(
+                f"omega_weighting_strength must be a number in (0, 1] (1: N_i · ω_ik), got {strength!r}"
+            )
         for name, value, default, needs, on in (
             ("group_share", self.group_share, 0.9, "group_round", self.group_round is not None),
             ("group_assign", self.group_assign, "medoid", "group_round", self.group_round is not None),
@@ -188,17 +223,6 @@ class FedRCConfig:
                 raise ValueError(
                     f"{name}={value!r} has no effect without {needs}: set {needs} too, or drop it"
                 )
-        rounds = {"removal_after": self.removal_after, "omega_weighting_ramp": self.omega_weighting_ramp}
-        if self.omega_weighting_from is not None:  # None: off
-            rounds["omega_weighting_from"] = self.omega_weighting_from
-        for name, index in rounds.items():
-            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                raise ValueError(f"{name} must be a round index >= 0, got {index!r}")
-        strength = self.omega_weighting_strength
-        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 < strength <= 1:
-            raise ValueError(
-                f"omega_weighting_strength must be a number in (0, 1] (1: N_i · ω_ik), got {strength!r}"
-            )
         self.grouping, self.release, self.merging, self.retirement  # noqa: B018 - their own checks of the values
         if self.retire_after is not None and self.reseed_threshold is not None:
             raise ValueError(
@@ -211,6 +235,19 @@ class FedRCConfig:
                 f"retire_after={self.retire_after!r} must be >= group_round={grouped_by!r}: before the "
                 "grouping ω is nearly uniform and clusters are owned by chance"
             )
+
+    def round_options(self) -> dict[str, int]:
+        """The round options that are set, each with its value: the rounds that come before it acts
+        (every round option counts rounds, as ``max_epochs`` does)."""
+        named = {
+            "group_round": self.group_round,
+            "group_late_round": self.group_late_round,
+            "removal_after": self.removal_after if self.removal_threshold is not None else None,
+            "merge_after": self.merge_after if self.merge_threshold is not None else None,
+            "retire_after": self.retire_after,
+            "omega_weighting_from": self.omega_weighting_from,
+        }
+        return {name: value for name, value in named.items() if value is not None}
 
     @property
     def grouping(self) -> ConceptGrouping | None:

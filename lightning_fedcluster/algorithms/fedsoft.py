@@ -96,7 +96,8 @@ class FedSoftConfig:
 
 
 class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
-    """FedSoft's rules; options in :class:`FedSoftConfig` (``FedSoft.Config``). Each client's
+    """FedSoft's rules; options in [`FedSoftConfig`][lightning_fedcluster.algorithms.fedsoft.FedSoftConfig]
+    (``FedSoft.Config``). Each client's
     personal model persists on the CPU (M × model size) and gives its local accuracy."""
 
     Config = FedSoftConfig
@@ -142,7 +143,7 @@ class FedSoft(Algorithm, Estimation, ServerSelection, PersonalModels):
         self, losses: Tensor, labels: Tensor, context: ClientContext, log_label_stats: Tensor | None
     ) -> ClientReport:
         """FedSoft has no per-round E-step: it reports its latest importance weights u (normalised
-        as ω), estimated every τ rounds by :func:`importance_weights`."""
+        as ω), estimated every τ rounds by `importance_weights`."""
         u = context.extra["importance"].to(torch.float64)
         omega = u / u.sum()
         gamma = omega.unsqueeze(0).expand(losses.shape[0], -1).clone()

@@ -3,7 +3,8 @@ K-means over client models; baselines in FedRC's Section 5. Plain tensors.
 
 A client trains the model of the cluster it was assigned to, then joins the centre nearest
 (squared L2) to its locally trained model; the centres become the weighted means of their
-members' models, weight 1 (FeSEM) or N_i (WeCFL). One rule, :class:`FeSEM`, with the option
+members' models, weight 1 (FeSEM) or N_i (WeCFL). One rule,
+[`FeSEM`][lightning_fedcluster.algorithms.fesem.FeSEM], with the option
 ``weighted``.
 """
 
@@ -84,7 +85,7 @@ class FeSEM(HardAssignment, ModelDistances):
     assigns every client to the nearest. (Independently initialised centres would be so far
     apart in parameter space that no client ever changes cluster.) A client that joins later
     starts in a seeded random cluster and moves to the nearest centre after its local training.
-    Options in :class:`FeSEMConfig` (``FeSEM.Config``).
+    Options in [`FeSEMConfig`][lightning_fedcluster.algorithms.fesem.FeSEMConfig] (``FeSEM.Config``).
     """
 
     Config = FeSEMConfig
@@ -123,7 +124,7 @@ class FeSEM(HardAssignment, ModelDistances):
             *(SetCentre(k, outcome.vectors[row]) for k, row in centres.items()),
             Reassign(outcome.clients, torch.nn.functional.one_hot(assignment, self.num_clusters).double()),
             SetState("centres_ready", torch.tensor(1.0)),
-            Note(f"round {outcome.round_index}: centres initialised from the models of clients {picked}"),
+            Note(f"round {outcome.round_index + 1}: centres initialised from the models of clients {picked}"),
         ]
 
     def initial_centres(

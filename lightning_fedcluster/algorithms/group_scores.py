@@ -1,6 +1,7 @@
 """Which group a client belongs to, from its signature distances to the others: plain tensors only.
 
-The concept grouping (:mod:`.grouping`) scores each client against each group by the weighted mean
+The concept grouping ([`grouping`][lightning_fedcluster.algorithms.grouping]) scores each client against each
+group by the weighted mean
 distance to the group's members (each pair weighted by the labels both hold) or by the distance to
 the group's medoid, refines k-medoids' groups by the mean score, keeps the clients whose best group
 is clearly the best (the margin), leaves out the groups too small to get a cluster, and places the
@@ -33,7 +34,8 @@ def mean_scores(distances: Tensor, weights: Tensor, groups: Tensor) -> Tensor:
 def mean_distance_groups(
     distances: Tensor, weights: Tensor, groups: Tensor, max_iterations: int = 100
 ) -> Tensor:
-    """Refine a grouping [M]: move every client to the group of the lowest :func:`mean_scores`
+    """Refine a grouping [M]: move every client to the group of the lowest
+    [`mean_scores`][lightning_fedcluster.algorithms.group_scores.mean_scores]
     (all at once), until nothing changes (at most ``max_iterations`` times). A client with no
     finite score keeps its group. Returns canonical labels [M]."""
     for _ in range(max_iterations):
@@ -50,7 +52,8 @@ def late_clusters(
     distances: Tensor, weights: Tensor, omega: Tensor, active: Tensor, grouped: Tensor
 ) -> Tensor:
     """The late pass's cluster [M] for each client: the alive cluster whose ``grouped`` members
-    (each in its argmax-ω cluster) have the lowest :func:`mean_scores` to it; -1 where no grouped
+    (each in its argmax-ω cluster) have the lowest
+    [`mean_scores`][lightning_fedcluster.algorithms.group_scores.mean_scores] to it; -1 where no grouped
     member shares a label with it. ``distances``/``weights`` [M, M], ``omega`` [M, K], ``grouped``
     [M] bool."""
     masked = torch.where(active.to(omega.device), omega.to(torch.float64), -torch.inf)

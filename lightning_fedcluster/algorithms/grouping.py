@@ -48,7 +48,8 @@ corrupted ones in the wrong clusters (``docs/how-clusters-form.md``).
 ``retire`` (K from the data, with the grouping): a group whose sure clients hold less than this
 share of the rows of all clients with a signature gets no cluster (its clients wait for the late
 pass, as the margin's others do), and the clusters no group went to are retired when two or more
-groups got one (:func:`.retirement.retire_spare` says why). A small group is typically a few
+groups got one ([`retire_spare`][lightning_fedcluster.algorithms.retirement.retire_spare] says why). A small
+group is typically a few
 corrupted clients of different concepts whose signatures look alike; given a cluster, FedRC's
 removal takes it away later and hands them to the concept clusters at once, where the late pass
 eases them in.
@@ -123,59 +124,33 @@ class ConceptGrouping:
             raise ValueError(
                 f"group_round must be a positive integer (rounds before grouping), got {self.group_round!r}"
             )
-        if (
-            isinstance(self.share, bool)
-            or not isinstance(self.share, (int, float))
-            or not 0 < self.share <= 1
-        ):
-            raise ValueError(f"group_share must be in (0, 1], got {self.share!r}")
-        if self.assign not in ASSIGNMENTS:
-            raise ValueError(f"group_assign must be one of {ASSIGNMENTS}, got {self.assign!r}")
-        margin = self.margin
-        if margin is not None and (
-            isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1
-        ):
-            raise ValueError(
-                f"group_margin must be in (0, 1) (a client's best group score over its second best), "
-                f"got {margin!r}"
-            )
-        if isinstance(self.hold, bool) or not isinstance(self.hold, int) or self.hold < 0:
-            raise ValueError(f"group_hold must be a non-negative integer (rounds), got {self.hold!r}")
-        ramp = self.ramp
-        if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp < 0:
-            raise ValueError(f"group_ramp must be a non-negative integer (rounds), got {ramp!r}")
+        check_grouping_values(
+            self.share,
+            self.assign,
+            self.margin,
+            self.hold,
+            self.ramp,
+            self.retire,
+            self.late_round,
+            self.group_round,
+        )
+        ramp, retire, margin = self.ramp, self.retire, self.margin
         if ramp and not self.hold:
             raise ValueError("group_ramp has no effect without group_hold: set group_hold too, or drop it")
         if ramp >= max(self.hold, 1):
             raise ValueError(
-                f"group_ramp={ramp} must be below group_hold={self.hold} (the held rounds that end "
-                "at γ = ω)"
-            )
-        retire = self.retire
-        if retire is not None and (
-            isinstance(retire, bool) or not isinstance(retire, (int, float)) or not 0 <= retire < 1
-        ):
-            raise ValueError(
-                f"group_retire must be a share of the rows in [0, 1) (0: retire only the clusters no "
-                f"group went to), got {retire!r}"
+                f"group_ramp={ramp} must be below group_hold={self.hold} (the held rounds that end at γ = ω)"
             )
         if retire and margin is None:
             raise ValueError(
                 f"group_retire={retire} leaves small groups' clients ungrouped, which needs group_margin: "
                 "set group_margin too, or use group_retire=0"
             )
-        late = self.late_round
-        if late is not None:
-            if isinstance(late, bool) or not isinstance(late, int) or late <= self.group_round:
-                raise ValueError(
-                    f"group_late_round must be an integer above group_round={self.group_round} "
-                    f"(rounds before the late pass), got {late!r}"
-                )
-            if margin is None:
-                raise ValueError(
-                    "group_late_round has no effect without group_margin (every client is grouped): "
-                    "set group_margin too, or drop it"
-                )
+        if self.late_round is not None and margin is None:
+            raise ValueError(
+                "group_late_round has no effect without group_margin (every client is grouped): "
+                "set group_margin too, or drop it"
+            )
 
     def state_entries(self) -> tuple[StateEntry, ...]:
         """Each client's latest signature [C, C] and its row count per label [C], reported; with
@@ -227,7 +202,8 @@ class ConceptGrouping:
         if clients.numel() < 2:
             return [
                 Note(
-                    f"round {round_index}: concept grouping skipped (fewer than two clients with signatures)"
+                    f"round {round_index + 1}: concept grouping skipped (fewer than two clients with "
+                    "signatures)"
                 )
             ]
         rows = state.extra[SIGNATURE_ROWS][clients]
@@ -242,7 +218,7 @@ class ConceptGrouping:
             omega = cluster_omega(taken, state.active, self.share)
             sizes = torch.bincount(groups).tolist()
             note = Note(
-                f"round {round_index}: grouped {clients.numel()} clients by concept signature into "
+                f"round {round_index + 1}: grouped {clients.numel()} clients by concept signature into "
                 f"{len(sizes)} groups of {sizes} clients"
             )
             retired = retire_spare(self.retire is not None, taken, state.active)
@@ -264,7 +240,7 @@ class ConceptGrouping:
         else:
             sizes = []
         note = Note(
-            f"round {round_index}: grouped {int(sure.sum())} of {clients.numel()} clients by concept "
+            f"round {round_index + 1}: grouped {int(sure.sum())} of {clients.numel()} clients by concept "
             f"signature into {len(sizes)} groups of {sizes} clients (margin {self.margin}); "
             f"{int((~sure).sum())} set to uniform ω"
         )
@@ -273,12 +249,13 @@ class ConceptGrouping:
 
     def _late_actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
         """The late pass: every seen client with a signature that no pass placed goes to the cluster
-        of :func:`late_clusters`, with ω ``share`` there; flagged ``LATE`` (held with ``hold``)."""
+        of [`late_clusters`][lightning_fedcluster.algorithms.grouping.late_clusters], with ω ``share`` there;
+        flagged ``LATE`` (held with ``hold``)."""
         flags = state.extra[HELD]
         with_signature = state.seen & (state.extra[SIGNATURE_ROWS].sum(1) > 0)
         grouped, waiting = with_signature & (flags > 0), with_signature & (flags == 0)
         if not bool(grouped.any()) or not bool(waiting.any()):
-            return [Note(f"round {round_index}: late grouping pass: no ungrouped client to place")]
+            return [Note(f"round {round_index + 1}: late grouping pass: no ungrouped client to place")]
         clients = (grouped | waiting).nonzero().flatten()
         rows = state.extra[SIGNATURE_ROWS][clients]
         distances, _ = signature_distances(state.extra[SIGNATURE][clients], rows)
@@ -288,12 +265,12 @@ class ConceptGrouping:
         )
         placed = waiting[clients] & (clusters >= 0)
         if not bool(placed.any()):
-            return [Note(f"round {round_index}: late grouping pass: no ungrouped client shares a label")]
+            return [Note(f"round {round_index + 1}: late grouping pass: no ungrouped client shares a label")]
         omega = cluster_omega(clusters[placed], state.active, self.share)
         marked = flags.clone()
         marked[clients[placed]] = LATE
         note = Note(
-            f"round {round_index}: late grouping pass placed {int(placed.sum())} ungrouped clients in "
+            f"round {round_index + 1}: late grouping pass placed {int(placed.sum())} ungrouped clients in "
             f"clusters {clusters[placed].tolist()}"
         )
         return [Reassign(clients[placed], omega), SetState(HELD, marked), note]
@@ -358,3 +335,48 @@ def group_clusters(groups: Tensor, omega: Tensor, active: Tensor) -> Tensor:
     cluster_of = torch.empty(count, dtype=torch.long)
     cluster_of[torch.as_tensor(rows)] = alive[torch.as_tensor(cols)]
     return cluster_of[groups]
+
+
+def check_grouping_values(
+    share: float,
+    assign: str,
+    margin: float | None,
+    hold: int,
+    ramp: int,
+    retire: float | None,
+    late_round: int | None,
+    group_round: int | None = None,
+) -> None:
+    """ValueError, naming the option and its value, for a grouping option out of range on its own
+    (``FedRC.Config`` calls it before asking whether ``group_round`` is set, so that a bad value is
+    named first; ``group_round``: None when not set)."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"group_share must be in (0, 1], got {share!r}")
+    if assign not in ASSIGNMENTS:
+        raise ValueError(f"group_assign must be one of {ASSIGNMENTS}, got {assign!r}")
+    if margin is not None and (
+        isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1
+    ):
+        raise ValueError(
+            f"group_margin must be in (0, 1) (a client's best group score over its second best), "
+            f"got {margin!r}"
+        )
+    for name, rounds in (("group_hold", hold), ("group_ramp", ramp)):
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"{name} must be a non-negative integer (rounds), got {rounds!r}")
+    if retire is not None and (
+        isinstance(retire, bool) or not isinstance(retire, (int, float)) or not 0 <= retire < 1
+    ):
+        raise ValueError(
+            f"group_retire must be a share of the rows in [0, 1) (0: retire only the clusters no "
+            f"group went to), got {retire!r}"
+        )
+    above = 0 if group_round is None else group_round
+    if late_round is not None and (
+        isinstance(late_round, bool) or not isinstance(late_round, int) or late_round <= above
+    ):
+        named = "group_round" if group_round is None else f"group_round={group_round}"
+        raise ValueError(
+            f"group_late_round must be an integer above {named} (rounds before the late pass), "
+            f"got {late_round!r}"
+        )

@@ -1,7 +1,8 @@
 """Releasing one held client before its hold ends (an option of concept grouping, ``group_release``;
 ours, not the papers').
 
-The grouping's hold (:mod:`.grouping`) keeps a grouped client's ω as grouped for ``hold`` rounds, so
+The grouping's hold ([`grouping`][lightning_fedcluster.algorithms.grouping]) keeps a grouped client's ω as
+grouped for ``hold`` rounds, so
 that each concept's cluster learns all of its concept's labels before FedRC's E-step may move samples
 again. A client the grouping put in the wrong group is held there as well, and its cluster trains on
 its data for the whole hold. The hold lengths measured trade one case against the other
@@ -10,7 +11,8 @@ right, a 20-round hold where it misplaces clients. The release ends the hold for
 
 In every held round each client reports its E-step score per cluster (the merge rule's
 ``cluster_scores``: mean −loss − log C_{y,k} per sample). Its margin is its best score under another
-cluster in use (the largest ω of some seen client, :func:`.retirement.unowned_clusters`' complement)
+cluster in use (the largest ω of some seen client,
+[`unowned_clusters`][lightning_fedcluster.algorithms.retirement.unowned_clusters]' complement)
 minus its score under its own (its largest ω, the held cluster). A spare cluster that no client owns
 is left out: while ω is held it trains only on the (1 − share) of ω the grouping leaves over, and it
 says nothing about the concepts (with one concept, every client owns the same cluster, so no client
@@ -49,12 +51,7 @@ class HoldRelease:
     rounds: int = 5
 
     def __post_init__(self) -> None:
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not self.margin >= 0:
-            raise ValueError(f"group_release must be >= 0 (nats per sample, e.g. 0.25), got {self.margin!r}")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
-            raise ValueError(
-                f"group_release_rounds must be a positive integer (held rounds in a row), got {self.rounds!r}"
-            )
+        check_release_values(self.margin, self.rounds)
 
     def state_entries(self) -> tuple[StateEntry, ...]:
         """Each client's count of held rounds in a row with a margin above ``margin`` (server-set)."""
@@ -86,7 +83,7 @@ class HoldRelease:
             actions += [
                 SetState(HELD, marked),
                 Note(
-                    f"round {round_index}: released clients {released.tolist()} from the hold (another "
+                    f"round {round_index + 1}: released clients {released.tolist()} from the hold (another "
                     f"cluster scored over {self.margin} nats per sample higher in {self.rounds} held "
                     "rounds in a row)"
                 ),
@@ -105,3 +102,16 @@ def release_margins(scores: Tensor, omega: Tensor, active: Tensor, targets: Tens
     others = torch.where(targets.to(scores.device) & alive, scores, torch.full_like(scores, -torch.inf))
     others[rows, own] = -torch.inf
     return others.max(1).values - scores[rows, own]
+
+
+def check_release_values(margin: float | None, rounds: int) -> None:
+    """ValueError, naming the option and its value, for ``group_release`` (None: off) or
+    ``group_release_rounds`` out of range on its own."""
+    if margin is not None and (
+        isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0
+    ):
+        raise ValueError(f"group_release must be >= 0 (nats per sample, e.g. 0.25), got {margin!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(
+            f"group_release_rounds must be a positive integer (held rounds in a row), got {rounds!r}"
+        )

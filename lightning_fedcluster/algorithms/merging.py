@@ -48,7 +48,7 @@ class ClusterMerging:
         ):
             raise ValueError(f"merge_threshold must be > 0 (nats per sample), got {self.threshold!r}")
         if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
-            raise ValueError(f"merge_after must be a round index >= 0, got {self.after!r}")
+            raise ValueError(f"merge_after must be a number of rounds >= 0, got {self.after!r}")
 
     def state_entries(self, num_clusters: int) -> tuple[StateEntry, ...]:
         """Each client's mean E-step score per cluster [K], reported."""
@@ -69,7 +69,7 @@ class ClusterMerging:
         return [
             MergeClusters(target=target, source=source),
             Note(
-                f"round {round_index}: merged cluster {source} into cluster {target} (their members' "
+                f"round {round_index + 1}: merged cluster {source} into cluster {target} (their members' "
                 f"log-likelihood gap {gap:.3f} nats per sample is below {self.threshold})"
             ),
         ]

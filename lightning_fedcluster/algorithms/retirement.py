@@ -2,7 +2,8 @@
 
 FedRC's EM empties a cluster it does not need: its clients' ω drains to the others, yet the model
 is still held, trained on the small γ its clients give it, checkpointed and counted in K. Merging
-(:mod:`.merging`) never compares such a cluster, since a pair is only compared when both clusters
+([`merging`][lightning_fedcluster.algorithms.merging]) never compares such a cluster, since a pair is only
+compared when both clusters
 own a client. From round ``after`` on, after every round the server retires every alive cluster
 that no seen client owns, a client owning the cluster of its largest ω; a client whose largest ω
 is tied (e.g. uniform ω) owns none (``RemoveClusters``: ω renormalised over the rest). If no seen
@@ -14,7 +15,8 @@ over the clients seen so far, a tie going to the lowest index); the ``after`` ro
 rule (a tied client owns none, so uniform ω keeps no cluster alive by its index) are ours. FedRC's
 App. F removal (``removal_threshold``) is a different test: a share of γ below δ.
 
-:func:`retire_spare` (ours; the grouping's ``retire``, ``group_retire``) retires, together with a
+[`retire_spare`][lightning_fedcluster.algorithms.retirement.retire_spare] (ours; the grouping's ``retire``,
+``group_retire``) retires, together with a
 concept grouping, the alive clusters no group went to. Kept to a later retirement, such a cluster
 holds only the (1 − share) of ω the grouping leaves over, and takes the samples the concept
 clusters fit worst; retired once those clusters have specialised, it hands them back at once and
@@ -43,7 +45,7 @@ class ClusterRetirement:
 
     def __post_init__(self) -> None:
         if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
-            raise ValueError(f"retire_after must be a round index >= 0, got {self.after!r}")
+            raise ValueError(f"retire_after must be a number of rounds >= 0, got {self.after!r}")
 
     def actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
         """After round ``round_index``: retire the unowned clusters when due, else none."""
@@ -56,7 +58,7 @@ class ClusterRetirement:
         return [
             RemoveClusters(retire),
             Note(
-                f"round {round_index}: retired cluster(s) {retire.nonzero().flatten().tolist()} "
+                f"round {round_index + 1}: retired cluster(s) {retire.nonzero().flatten().tolist()} "
                 f"(no client's largest ω); {kept} remain"
             ),
         ]
@@ -73,7 +75,8 @@ def cluster_owners(omega: Tensor, seen: Tensor, active: Tensor) -> Tensor:
 
 
 def unowned_clusters(omega: Tensor, seen: Tensor, active: Tensor) -> Tensor:
-    """[K] bool: the alive clusters that no seen client owns (:func:`cluster_owners`); all False
+    """[K] bool: the alive clusters that no seen client owns
+    ([`cluster_owners`][lightning_fedcluster.algorithms.retirement.cluster_owners]); all False
     when no seen client owns any cluster."""
     owners = cluster_owners(omega, seen, active)
     owners = owners[owners >= 0]

@@ -1,10 +1,10 @@
 """RoundProgressBar: progress over communication rounds instead of Lightning's per-epoch bars.
 
 One epoch is one round and one batch, so Lightning's TQDM bar shows a 1/1 bar per round and a
-bar per validation pass. This bar counts
-rounds: ``round t/T``, the client updates trained so far, rounds per second and the latest
-training and validation metrics. On a terminal it is one bar redrawn in place; without one (a
-log file, CI) it prints at most ``lines`` plain lines per fit. Validation and test draw nothing.
+bar per validation pass. This bar counts rounds: ``round t/T``, the clients trained in the round,
+rounds per second, the round's training metrics and the latest validation scores with the round
+they are from. On a terminal it is one bar redrawn in place; without one (a log file, CI) it
+prints at most ``lines`` plain lines per fit. Validation and test draw nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class RoundProgressBar(ProgressBar):
         self._started = 0.0
         self._first_round = 0
         self._last_printed = -1
+        self._validated: int | None = None  # the round of the latest validation scores
 
     @property
     def stream(self) -> TextIO:
@@ -90,7 +91,7 @@ class RoundProgressBar(ProgressBar):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._enabled:
             return
-        self._clients, self._started = 0, time.monotonic()
+        self._clients, self._started, self._validated = 0, time.monotonic(), None
         self._first_round = self._last_printed = trainer.current_epoch
         if _is_terminal(self.stream):
             self._bar = tqdm(
@@ -102,13 +103,19 @@ class RoundProgressBar(ProgressBar):
                 dynamic_ncols=True,
             )
 
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._validated = trainer.current_epoch + 1  # validation runs before the round's line
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._enabled:
             return
-        self._clients += int(getattr(pl_module, "round_metrics", {}).get("train/clients", 0))
+        self._clients = int(getattr(pl_module, "round_metrics", {}).get("train/clients", 0))
         metrics = self.round_metrics(trainer, pl_module)
         if self._bar is not None:
-            self._bar.set_postfix_str(f"clients {self._clients}  {format_metrics(metrics)}", refresh=False)
+            self._bar.set_postfix_str(
+                f"clients {self._clients}  {self._metrics_text(metrics)}", refresh=False
+            )
             self._bar.update(1)
             return
         done, total = trainer.current_epoch + 1, self.total_rounds(trainer)
@@ -132,9 +139,20 @@ class RoundProgressBar(ProgressBar):
         metrics.pop("v_num", None)
         return metrics
 
+    def _metrics_text(self, metrics: dict[str, Any]) -> str:
+        """The round's own metrics, then the validation scores with the round they are from
+        (validation runs every ``check_val_every_n_epoch`` rounds; its scores are kept between)."""
+        own = {name: value for name, value in metrics.items() if not name.startswith("val/")}
+        scores = {name: value for name, value in metrics.items() if name.startswith("val/")}
+        text = format_metrics(own)
+        if scores:
+            known = "" if self._validated is None else f"  (validated at round {self._validated})"
+            text = f"{text}  {format_metrics(scores)}{known}"
+        return text.strip()
+
     def _print_line(self, done: int, total: int | None, metrics: dict[str, Any]) -> None:
         rate = (done - self._first_round) / max(time.monotonic() - self._started, 1e-9)
         rounds = f"{done}/{total}" if total else f"{done}"
         line = f"round {rounds}  clients {self._clients}  {rate:.2f} rounds/s"
-        print(f"{line}  {format_metrics(metrics)}".rstrip(), file=self.stream, flush=True)
+        print(f"{line}  {self._metrics_text(metrics)}".rstrip(), file=self.stream, flush=True)
         self._last_printed = done

@@ -124,7 +124,8 @@ def check_resumable(
         )
     if saved["round_in_progress"] is not None:
         raise ValueError(
-            f"the checkpoint was taken in the middle of round {saved['round_in_progress']} (not at a round "
+            f"the checkpoint was taken in the middle of round {saved['round_in_progress'] + 1} (not at a "
+            "round "
             "boundary, so it does not hold that round's aggregated weights): resume from a round-boundary "
             "checkpoint, such as the default ModelCheckpoint's (saved at every round end) or "
             "ModelCheckpoint(every_n_epochs=1)"

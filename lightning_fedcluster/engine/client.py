@@ -52,7 +52,7 @@ class ClientWork:
 
 def non_finite_error(round_index: int, client: int, where: str) -> FloatingPointError:
     return FloatingPointError(
-        f"non-finite loss in round {round_index} at client {client} {where}: lower the learning "
+        f"non-finite loss in round {round_index + 1} at client {client} {where}: lower the learning "
         f"rate or check client {client}'s data for NaN/inf"
     )
 

@@ -58,6 +58,7 @@ class TrainingPlan:
     executor: ExecutorName = "auto"
     clients_per_round: int | None = None
     clients_per_chunk: int | None = None
+    num_threads: int | None = None
     finetune_epochs: int = 0
     gradient_clip_val: float | None = None
     precision: str = "32-true"

@@ -190,8 +190,8 @@ def check_loss_growth(first: float | None, loss: float, round_index: int) -> flo
         return loss if math.isfinite(loss) and loss > 0 else None
     if loss > LOSS_GROWTH_FACTOR * first:
         rank_zero_warn(
-            f"round {round_index}: the training loss {loss:.4g} is over {LOSS_GROWTH_FACTOR:.0f}x the first "
-            f"round's ({first:.4g}); training is diverging: lower the learning rate"
+            f"round {round_index + 1}: the training loss {loss:.4g} is over {LOSS_GROWTH_FACTOR:.0f}x "
+            f"the first round's ({first:.4g}); training is diverging: lower the learning rate"
         )
         return math.inf
     return first
@@ -207,11 +207,25 @@ IGNORED_HOOKS = {
     "predict_step": "trainer.predict returns each row's mixture prediction (ClusteredModule.predict_step)",
 }
 _LIBRARIES = ("lightning.", "pytorch_lightning.", "lightning_fedcluster.")
+# Names whose use in a training_step does more than return a loss (logging, manual optimization).
+_BEYOND_THE_LOSS = frozenset(
+    {
+        "log",
+        "log_dict",
+        "manual_backward",
+        "optimizers",
+        "lr_schedulers",
+        "toggle_optimizer",
+        "untoggle_optimizer",
+    }
+)
+_warned_classes: set[type] = set()  # the not-called warning is given once per module class and process
 
 
 def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: Task) -> None:
-    """Warn (once, before training) about settings the engine accepts but the user likely did not
-    mean: more cluster models than clients, and hooks of the user's module it never calls."""
+    """Warn (before training) about settings the engine accepts but the user likely did not mean:
+    more cluster models than clients, and hooks of the user's module it never calls (once per
+    module class; not for a ``training_step`` that only returns the engine's own loss)."""
     if num_clusters > datamodule.num_clients:
         rank_zero_warn(
             f"num_clusters={num_clusters} but the datamodule has only {datamodule.num_clients} clients: "
@@ -219,8 +233,12 @@ def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: 
             f"algorithms leave at least {num_clusters - datamodule.num_clients} empty); use num_clusters <= "
             f"{datamodule.num_clients}, the number of distinct data distributions you expect"
         )
+    warn_clients_without_rows(datamodule, task)
     ignored = [hook for hook in IGNORED_HOOKS if user_defined(type(model), hook)]
-    if ignored:
+    if "training_step" in ignored and returns_the_engines_loss(model, task):
+        ignored.remove("training_step")
+    if ignored and type(model) not in _warned_classes:
+        _warned_classes.add(type(model))
         name = type(model).__name__
         loss = loss_source(model, task)
         instead = "; ".join(IGNORED_HOOKS[hook].format(loss=loss) for hook in ignored)
@@ -230,6 +248,64 @@ def warn_before_fit(model: nn.Module, num_clusters: int, datamodule: Any, task: 
             "and, when defined, per_sample_loss(batch) or criterion; log more with a Callback "
             "(its hooks see trainer.lightning_module.round_metrics and eval_metrics)"
         )
+
+
+def warn_clients_without_rows(datamodule: Any, task: Task) -> None:
+    """Warn when some clients have no validation or no test rows (tiny clients, a small
+    ``test_fraction``): they train, but the local metrics pool the other clients' rows only."""
+    sizes = {
+        "validation": getattr(datamodule, "val_sizes", None),
+        "test": getattr(datamodule, "test_sizes", None),
+    }
+    empty = {split: int((rows == 0).sum()) for split, rows in sizes.items() if rows is not None}
+    if not any(empty.values()):
+        return
+    metric, clients = task.metric, datamodule.num_clients
+    no_val, no_test = empty.get("validation", 0), empty.get("test", 0)
+    rank_zero_warn(
+        f"{no_val} of {clients} clients have no validation rows and {no_test} no test rows: they train "
+        f"and are placed in clusters, but val/local_{metric} and "
+        f"test/local_{metric} pool the rows of the other clients only (row-weighted), so how well their "
+        "clusters fit them is not measured; a larger test_fraction, or fewer and larger clients "
+        "(min_client_size), gives each client held-out rows"
+    )
+
+
+def warn_rounds_past_the_run(config: Any, max_epochs: int | None) -> None:
+    """Warn before training when a rule's round options (``config.round_options()``: each option
+    and its value k, which acts after round k) are at least the run's ``max_epochs`` rounds: no
+    round of the run trains with them (at most the final model's evaluation sees them)."""
+    options = getattr(config, "round_options", None)
+    if options is None or max_epochs is None or max_epochs < 0:
+        return
+    late = {name: value for name, value in options().items() if value >= max_epochs}
+    if late:
+        named = ", ".join(f"{name}={value}" for name, value in late.items())
+        one = len(late) == 1
+        rank_zero_warn(
+            f"{named} leave{'s' if one else ''} no round to train after {'it' if one else 'them'}: the "
+            f"run has max_epochs={max_epochs} rounds (rounds 1-{max_epochs}) and a round option k acts "
+            f"after round k; lower {'it' if one else 'them'} below {max_epochs} or raise max_epochs"
+        )
+
+
+def returns_the_engines_loss(model: nn.Module, task: Task) -> bool:
+    """Whether the module's ``training_step`` is the standard one that the engine's local step
+    already is: its code names the loss the engine uses (``engine.losses.per_sample_loss``) and
+    neither logs nor steps optimizers. Read from the code's names, never run; anything else (a loss
+    computed in a helper, an extra term) keeps the warning."""
+    code = getattr(type(model).training_step, "__code__", None)
+    if code is None:
+        return False
+    names = set(code.co_names)
+    if names & _BEYOND_THE_LOSS:
+        return False
+    if callable(getattr(model, "per_sample_loss", None)):
+        return "per_sample_loss" in names
+    if getattr(model, "criterion", None) is not None:
+        return "criterion" in names
+    losses = {"cross_entropy", "CrossEntropyLoss"} if task.is_classification else {"mse_loss", "MSELoss"}
+    return bool(names & losses)
 
 
 def user_defined(cls: type, hook: str) -> bool:
@@ -265,7 +341,7 @@ def check_chance_level(rounds: int, metrics: dict[str, float], round_index: int,
     if rounds < CHANCE_ROUNDS:
         return rounds
     rank_zero_warn(
-        f"round {round_index}: training is at chance level for {rounds} rounds (loss {loss:.4g} >= log "
+        f"round {round_index + 1}: training is at chance level for {rounds} rounds (loss {loss:.4g} >= log "
         f"{num_classes} = {math.log(num_classes):.4g}, the loss of a uniform guess; accuracy {accuracy:.3f} "
         f"for 1/{num_classes} = {1 / num_classes:.3f}): the learning rate is most likely too high (the "
         "model collapsed to a constant prediction): lower it, e.g. tenfold"

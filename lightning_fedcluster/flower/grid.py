@@ -39,10 +39,10 @@ log = logging.getLogger("lightning_fedcluster.flower")
 
 @dataclass
 class GridRecords:
-    """What the server records of the nodes' work (checkpointed with it): per round, the clients
-    left out of its aggregation (``dropped``) and those whose replies failed the checks
-    (``rejected``), and the client-store entries the server's actions rewrote, which every later
-    message carries (``pushed``)."""
+    """What the server records of the nodes' work (checkpointed with it): per round (counted from
+    1, as the log names it), the clients left out of its aggregation (``dropped``) and those whose
+    replies failed the checks (``rejected``), and the client-store entries the server's actions
+    rewrote, which every later message carries (``pushed``)."""
 
     dropped: dict[int, list[int]] = field(default_factory=dict)
     rejected: dict[int, list[int]] = field(default_factory=dict)
@@ -82,7 +82,7 @@ class GridExecutor:
             by_node.setdefault(federation.owner[client], []).append(client)
         for node, clients in by_node.items():
             if node in federation.lost:
-                self.found.dropped.setdefault(round_index, []).extend(clients)
+                self.found.dropped.setdefault(round_index + 1, []).extend(clients)
                 log.warning(
                     "round %d: node %d (partition %d) was lost earlier; its clients %s are left out",
                     round_index + 1, node, federation.partition[node], clients,
@@ -131,7 +131,7 @@ class GridExecutor:
 
     def drop(self, node: int, clients: list[int], round_index: int, reason: str) -> None:
         self.federation.lost.add(node)
-        self.found.dropped.setdefault(round_index, []).extend(clients)
+        self.found.dropped.setdefault(round_index + 1, []).extend(clients)
         log.warning(
             "round %d: node %d (partition %d) failed (%s); its clients %s are dropped from this round's "
             "aggregation",

@@ -43,8 +43,8 @@ class SavedRun:
     state_dict: dict[str, Tensor]
     client_state: dict[str, Tensor]
     metrics: list[dict[str, float]]  # one dict per round
-    dropped: dict[int, list[int]]  # round -> clients left out of its aggregation
-    rejected: dict[int, list[int]]  # round -> clients whose replies failed the server's checks
+    dropped: dict[int, list[int]]  # round (from 1, as logged) -> clients left out of its aggregation
+    rejected: dict[int, list[int]]  # round (from 1) -> clients whose replies failed the server's checks
 
     @property
     def num_clusters(self) -> int:

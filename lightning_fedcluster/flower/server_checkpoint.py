@@ -58,11 +58,30 @@ def save_checkpoint(server: Any, driver: RoundDriver, round_index: int, path: st
             "pushed": sorted(server.pushed),
             "checks": {"first_loss": driver.first_loss, "chance_rounds": driver.chance_rounds},
             "metrics": server.metrics,
+            "save_path": None if server.save_path is None else str(server.save_path),
             "dropped": server.dropped,
             "rejected": server.rejected,
         },
         path,
     )
+
+
+def check_checkpoint_owner(path: str | os.PathLike, save_path: str | None) -> None:
+    """Refuse, before the first round, a checkpoint at ``path`` written by a run with another
+    ``save-path``: two runs given their own save-path but one checkpoint-path would otherwise
+    resume from, or overwrite, each other's state. A file that is not a whole checkpoint is left to
+    ``resume_from`` (which refuses it) or overwritten by a run that starts afresh."""
+    saved, verified = load_verified(path)
+    if not verified or "save_path" not in saved:
+        return
+    owner = saved["save_path"]
+    if owner != (None if save_path is None else str(save_path)):
+        raise ValueError(
+            f"checkpoint-path {path} holds the state of the run saved to {owner}, not this run's "
+            f"save-path {save_path}: give each run its own checkpoint-path (e.g. --run-config "
+            f"'checkpoint-path=\"{Path(save_path or 'run').stem}.state.pt\"'), or resume that run with "
+            f"its own save-path"
+        )
 
 
 def resume_from(server: Any, driver: RoundDriver, path: str | os.PathLike) -> int:

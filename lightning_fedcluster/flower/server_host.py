@@ -35,7 +35,7 @@ from lightning_fedcluster.flower.grid import GridExecutor, GridRecords
 from lightning_fedcluster.flower.messaging import exchange, wait_for_nodes
 from lightning_fedcluster.flower.node_registry import Federation, describe_messages, federation_of
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
-from lightning_fedcluster.flower.server_checkpoint import resume_from, save_checkpoint
+from lightning_fedcluster.flower.server_checkpoint import check_checkpoint_owner, resume_from, save_checkpoint
 from lightning_fedcluster.flower.support import check_supported, server_schedulers
 from lightning_fedcluster.metrics.undefined import warn_nan_metrics
 
@@ -126,6 +126,8 @@ class FlowerServer:
                 self.save_path,
             )
         try:
+            if self.checkpoint_path and Path(self.checkpoint_path).exists():
+                check_checkpoint_owner(self.checkpoint_path, self.save_path)  # before any round
             return self.rounds(grid)
         except Exception as error:  # the last line of the stream; Flower puts it in the run's status
             log.error("run failed: %s: %s", type(error).__name__, error)
@@ -186,7 +188,7 @@ class FlowerServer:
         round_index = round_state.round_index
         rejected = round_state.clients[(round_state.report["rejected"] > 0).cpu()].tolist()
         if rejected:
-            self.found.rejected[round_index] = rejected
+            self.found.rejected[round_index + 1] = rejected
         last = round_index + 1 == self.num_rounds
         if self.eval_every and ((round_index + 1) % self.eval_every == 0 or last):
             metrics.update(grid_executor.validate())

@@ -55,7 +55,7 @@ round-timeout = 300    # seconds to wait for a node each round (0: wait for ever
 eval-every = 10        # the nodes' validation pass every this many rounds and after the last
 log-dir = ""           # TensorBoard directory on the SuperLink's machine ("" : none)
 save-path = "run.pt"   # the trained models, relative to the SuperLink's working directory
-checkpoint-path = "server-state.pt"  # the server's state after every round ("": none)
+checkpoint-path = "server-state.pt"  # the server's state after every round ("": none); one per save-path
 resume = false         # true: go on from checkpoint-path (after the ServerApp or SuperLink went down)
 fast-paths = false     # true: shorter waits that patch flwr internals (the guide's "Fast paths")
 """

@@ -16,7 +16,7 @@ class CFLStrategy(FederatedStrategy):
 
     ``num_clusters`` is the most clusters the splits may create (one at the start). ``eps1`` and
     ``eps2``, the split thresholds, are forwarded into ``CFL.Config``
-    (:class:`~lightning_fedcluster.algorithms.cfl.CFLConfig`), where they are documented and
+    ([`CFLConfig`][lightning_fedcluster.algorithms.cfl.CFLConfig]), where they are documented and
     checked.
     """
 

@@ -17,7 +17,7 @@ class DFedEMStrategy(FederatedStrategy):
     connected graph (Metropolis–Hastings weights). Every client takes part in every round.
 
     ``edge_probability`` is forwarded into ``DFedEM.Config``
-    (:class:`~lightning_fedcluster.algorithms.dfedem.DFedEMConfig`, where it is documented and
+    ([`DFedEMConfig`][lightning_fedcluster.algorithms.dfedem.DFedEMConfig], where it is documented and
     checked) with the strategy's ``seed``.
     """
 

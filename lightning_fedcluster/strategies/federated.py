@@ -42,6 +42,7 @@ from lightning_fedcluster.engine.optimizer_state import (
 )
 from lightning_fedcluster.engine.outputs import LogitsFrom
 from lightning_fedcluster.engine.plan import ExecutorName, TrainingPlan
+from lightning_fedcluster.engine.threads import restore_threads
 from lightning_fedcluster.strategies.batch_limits import apply_batch_limits
 from lightning_fedcluster.strategies.checkpoint_io import VerifiedCheckpointIO
 from lightning_fedcluster.strategies.keywords import init_parameters, reject_unknown
@@ -129,6 +130,12 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             model is all ``nn.Linear`` layers, where it is measured faster; else the loop).
         clients_per_chunk: clients the vectorised executor trains together (default 64, fewer
             for large models).
+        num_threads: torch's intra-op threads during a fit (restored after it). None: the
+            engine's choice, said at the fit's start: ``OMP_NUM_THREADS`` or a
+            ``torch.set_num_threads`` count when you set one, else one thread when a client's
+            local step is too small to split (the quick start's MLP), else torch's count
+            (``engine/threads.py``). With several processes, None keeps Lightning's count (the
+            cores divided by the processes, the same in each).
         optimizer_state: "reset" (every client's local optimizer starts afresh each round) or
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
             rounds on the CPU, as the FedRC authors' code does; memory clients × K × parameters
@@ -176,6 +183,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         shared_layers: Sequence[str] = (),
         executor: ExecutorName = "auto",
         clients_per_chunk: int | None = None,
+        num_threads: int | None = None,
         optimizer_state: OptimizerStateMode = "reset",
         optimizer_state_dtype: StoreDtypeName = "float32",
         optimizer_state_dir: str | os.PathLike[str] | None = None,
@@ -220,7 +228,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             server_optimizer, server_momentum, server_betas, server_tau
         )
         self.server_update = ServerUpdate(server_lr, server_optimizer_config, max_update_norm)
-        self.execution = Execution(executor, clients_per_chunk)
+        self.execution = Execution(executor, clients_per_chunk, num_threads)
         self.module_options = ModuleOptions(shared_layers, logits_from)
         check_persist_with_shared_layers(optimizer_state, self.module_options.shared_layers)
         clip = self.local_training.gradient_clip_val
@@ -312,8 +320,10 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         super().connect(model)
 
     def teardown(self) -> None:
-        """DDPStrategy's teardown; the module no longer runs under this strategy."""
+        """DDPStrategy's teardown; the module no longer runs under this strategy, and torch's
+        threads are back to what they were before a fit set them (``engine/threads.py``)."""
         module = self.lightning_module
+        restore_threads()
         super().teardown()
         if module is not None and getattr(module, "federated", None) is self:
             module.federated = None

@@ -17,7 +17,7 @@ class FedProxStrategy(FederatedStrategy):
     """FedProx (Li et al. 2020): one model, local loss plus (μ/2)‖w − θ‖².
 
     ``mu`` (μ) is forwarded into ``FedProx.Config``
-    (:class:`~lightning_fedcluster.algorithms.fedprox.FedProxConfig`), where it is documented and
+    ([`FedProxConfig`][lightning_fedcluster.algorithms.fedprox.FedProxConfig]), where it is documented and
     checked.
     """
 

@@ -16,7 +16,8 @@ class FedRCStrategy(FederatedStrategy):
     """FedRC (Guo, Tang, Lin, ICML 2024): robust clustering that separates concepts, not label or
     feature styles. ``num_clusters=1`` is FedAvg.
 
-    The keywords beyond :class:`FederatedStrategy`'s (``hard_prediction``, ``hard_training``,
+    The keywords beyond [`FederatedStrategy`][lightning_fedcluster.strategies.FederatedStrategy]'s
+    (``hard_prediction``, ``hard_training``,
     ``adam_gamma``, ``label_noise_std``, ``removal_threshold``, ``removal_after``, ``reseed_threshold``,
     ``group_round``, ``group_share``, ``group_assign``, ``group_margin``, ``group_hold``,
     ``group_late_round``, ``group_ramp``, ``group_retire``, ``group_release``,
@@ -24,9 +25,10 @@ class FedRCStrategy(FederatedStrategy):
     ``retire_after``, ``omega_weighting_from``, ``omega_weighting_ramp``, ``omega_weighting_strength``,
     ``label_stats_floor``)
     are FedRC's options, forwarded into ``FedRC.Config``
-    (:class:`~lightning_fedcluster.algorithms.fedrc_config.FedRCConfig`), where their defaults, checks
+    ([`FedRCConfig`][lightning_fedcluster.algorithms.fedrc_config.FedRCConfig]), where their defaults, checks
     and docs live; the strategy's ``seed`` seeds re-seeding. For the others see
-    :class:`FederatedStrategy` (e.g. ``finetune_epochs=1`` is FedRC-FT,
+    [`FederatedStrategy`][lightning_fedcluster.strategies.FederatedStrategy] (e.g. ``finetune_epochs=1`` is
+    FedRC-FT,
     ``shared_layers=("features",)`` a shared feature extractor with clustered heads).
     """
 

@@ -15,7 +15,7 @@ class FedSoftStrategy(FederatedStrategy):
 
     ``proximal``, ``selection_size``, ``estimation_interval`` and ``smoother`` are FedSoft's
     options, forwarded into ``FedSoft.Config``
-    (:class:`~lightning_fedcluster.algorithms.fedsoft.FedSoftConfig`), where they are documented
+    ([`FedSoftConfig`][lightning_fedcluster.algorithms.fedsoft.FedSoftConfig]), where they are documented
     and checked. ``clients_per_round`` does not apply: the server picks ``selection_size``
     clients per cluster.
 

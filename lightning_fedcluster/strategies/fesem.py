@@ -16,7 +16,7 @@ class FeSEMStrategy(FederatedStrategy):
     """FeSEM (Xie, Long et al.): K-means over client models; every member weighs 1.
 
     ``representation_layers`` is forwarded into ``FeSEM.Config``
-    (:class:`~lightning_fedcluster.algorithms.fesem.FeSEMConfig`, where it is documented and
+    ([`FeSEMConfig`][lightning_fedcluster.algorithms.fesem.FeSEMConfig], where it is documented and
     checked) with the strategy's ``seed`` and ``weighted`` (False: FeSEM, True: WeCFL).
     """
 

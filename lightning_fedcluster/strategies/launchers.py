@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_fedcluster.engine.threads import users_variable_kept
 from lightning_fedcluster.lightning_internals import ReplacesLauncher, ScriptLaunch, SpawnLaunch, start_method
 
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -59,8 +60,9 @@ def kept_threads() -> Iterator[None]:
     """torch's thread count as the process had it, through a launch (see above); the environment
     as found afterwards."""
     with restored_environment((THREADS_VARIABLE,)):
-        os.environ.setdefault(THREADS_VARIABLE, str(torch.get_num_threads()))
-        yield
+        with users_variable_kept(os.environ.get(THREADS_VARIABLE)):  # the engine's choice reads it
+            os.environ.setdefault(THREADS_VARIABLE, str(torch.get_num_threads()))
+            yield
 
 
 def remove_stale_variables() -> None:

@@ -110,17 +110,20 @@ class ServerUpdate:
 
 @dataclass(frozen=True)
 class Execution:
-    """How the clients are simulated: the ``executor`` ("auto", "loop" or "vectorized") and the
+    """How the clients are simulated: the ``executor`` ("auto", "loop" or "vectorized"), the
     clients the vectorised executor trains together (``clients_per_chunk``; None: chosen from
-    the model's size)."""
+    the model's size) and torch's intra-op threads during a fit (``num_threads``; None: the
+    engine's choice, ``engine/threads.py``)."""
 
     executor: ExecutorName = "auto"
     clients_per_chunk: int | None = None
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
         check_positive_int("clients_per_chunk", self.clients_per_chunk, allow_none=True)
+        check_positive_int("num_threads", self.num_threads, allow_none=True)
 
 
 def algorithm_clusters(

@@ -146,9 +146,9 @@ def test_removal_waits_for_removal_after_then_removes_as_by_hand():
     ("options", "message"),
     [
         ({"removal_after": 3}, "removal_after=3 has no effect without removal_threshold"),
-        ({"removal_threshold": 0.1, "removal_after": -1}, "must be a round index >= 0, got -1"),
-        ({"removal_threshold": 0.1, "removal_after": True}, "must be a round index >= 0, got True"),
-        ({"removal_threshold": 0.1, "removal_after": 2.0}, "must be a round index >= 0, got 2.0"),
+        ({"removal_threshold": 0.1, "removal_after": -1}, "must be a number of rounds >= 0, got -1"),
+        ({"removal_threshold": 0.1, "removal_after": True}, "must be a number of rounds >= 0, got True"),
+        ({"removal_threshold": 0.1, "removal_after": 2.0}, "must be a number of rounds >= 0, got 2.0"),
     ],
 )
 def test_removal_after_is_checked(options, message):

@@ -66,13 +66,13 @@ def test_check_options_accepts_the_papers_settings():
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, "3"])
 def test_omega_weighting_from_must_be_a_round_index(value):
-    with pytest.raises(ValueError, match="omega_weighting_from must be a round index >= 0"):
+    with pytest.raises(ValueError, match="omega_weighting_from must be a number of rounds >= 0"):
         FedRC.Config(omega_weighting_from=value)
 
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, "3"])
 def test_omega_weighting_ramp_must_be_a_count_of_rounds(value):
-    with pytest.raises(ValueError, match="omega_weighting_ramp must be a round index >= 0"):
+    with pytest.raises(ValueError, match="omega_weighting_ramp must be a number of rounds >= 0"):
         FedRC.Config(omega_weighting_from=5, omega_weighting_ramp=value)
 
 
@@ -91,3 +91,27 @@ def test_omega_weighting_strength_without_the_weighting_is_refused_naming_the_fi
     message = "omega_weighting_strength=0.5 has no effect without omega_weighting_from"
     with pytest.raises(ValueError, match=message):
         FedRC.Config(omega_weighting_strength=0.5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"group_hold": -1}, r"group_hold must be a non-negative integer \(rounds\), got -1"),
+        ({"group_share": 1.5}, r"group_share must be in \(0, 1\], got 1.5"),
+        ({"group_assign": "best"}, "group_assign must be one of"),
+        ({"group_margin": 2.0}, r"group_margin must be in \(0, 1\)"),
+        ({"group_ramp": -2}, "group_ramp must be a non-negative integer"),
+        ({"group_retire": 1.0}, "group_retire must be a share of the rows"),
+        ({"group_late_round": "5"}, "group_late_round must be an integer"),
+        ({"group_release": -0.5}, "group_release must be >= 0"),
+        ({"group_release_rounds": 0}, "group_release_rounds must be a positive integer"),
+        ({"merge_after": -3}, "merge_after must be a number of rounds >= 0, got -3"),
+        ({"removal_after": -1}, "removal_after must be a number of rounds >= 0, got -1"),
+        ({"omega_weighting_ramp": -1}, "omega_weighting_ramp must be a number of rounds >= 0, got -1"),
+        ({"omega_weighting_strength": 3.0}, r"omega_weighting_strength must be a number in \(0, 1\]"),
+    ],
+)
+def test_an_invalid_value_is_named_before_the_option_it_needs(options, message):
+    """FedRCStrategy(3, group_hold=-1) named the missing group_round, not the bad value."""
+    with pytest.raises(ValueError, match=message):
+        FedRCConfig(**options)

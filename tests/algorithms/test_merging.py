@@ -105,11 +105,11 @@ def test_a_client_reports_its_mean_e_step_score_per_cluster():
 def test_options_are_checked():
     with pytest.raises(ValueError, match="merge_threshold must be > 0"):
         ClusterMerging(threshold=0.0)
-    with pytest.raises(ValueError, match="merge_after must be a round index"):
+    with pytest.raises(ValueError, match="merge_after must be a number of rounds"):
         ClusterMerging(threshold=1.0, after=-1)
     with pytest.raises(ValueError, match="cannot be combined with adam_gamma"):
         FedRC(3, merge_threshold=1.0, adam_gamma=True)
-    with pytest.raises(ValueError, match=r"merge_after=-3 has no effect without merge_threshold"):
+    with pytest.raises(ValueError, match=r"merge_after must be a number of rounds >= 0, got -3"):
         FedRC(3, merge_after=-3)
 
 

@@ -73,7 +73,7 @@ def test_retirement_acts_from_its_round_on_and_the_store_renormalises_omega():
     remove, note = ClusterRetirement(after=5).actions(state, 5)
     assert isinstance(remove, RemoveClusters) and remove.mask.tolist() == [False, False, True, False]
     assert isinstance(note, Note)
-    assert note.text == "round 5: retired cluster(s) [2] (no client's largest ω); 2 remain"
+    assert note.text == "round 6: retired cluster(s) [2] (no client's largest ω); 2 remain"
     remove.apply(_Target(state))
     assert state.active.tolist() == [True, True, False, False]
     # Client 0: (0.2, 0.7) / 0.9; client 3 (unseen): (0.1, 0.1) / 0.2.
@@ -109,9 +109,9 @@ def test_fedrc_after_round_returns_the_retirement_when_it_is_due():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"retire_after": -1}, "retire_after must be a round index >= 0, got -1"),
-        ({"retire_after": True}, "retire_after must be a round index >= 0, got True"),
-        ({"retire_after": "5"}, "retire_after must be a round index >= 0, got '5'"),
+        ({"retire_after": -1}, "retire_after must be a number of rounds >= 0, got -1"),
+        ({"retire_after": True}, "retire_after must be a number of rounds >= 0, got True"),
+        ({"retire_after": "5"}, "retire_after must be a number of rounds >= 0, got '5'"),
         ({"retire_after": 2, "reseed_threshold": 0.05}, "cannot be combined with reseed_threshold"),
         ({"retire_after": 4, "group_round": 5}, "retire_after=4 must be >= group_round=5"),
     ],

@@ -253,9 +253,9 @@ def test_every_scalar_and_figure_of_a_run_has_the_round_as_its_step(small_digits
 
 
 def test_tensorboard_gets_each_round_s_server_actions_as_text_at_its_step(small_digits, tmp_path):
-    """A merge after round index 1 and one after index 2 (a threshold that always merges) are
-    written at steps 2 and 3, the rounds they follow; the grouping after round 1 at step 1;
-    ``clusters/active`` counts down with them."""
+    """The grouping after round 1 (``group_round=1``) is written at step 1, and the merges at the
+    end of rounds 2 and 3 (``merge_after=1``, a threshold that always merges) at steps 2 and 3,
+    each text naming its step's round; ``clusters/active`` counts down with them."""
     logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
     strategy = FedRCStrategy(
         4, clients_per_round=6, local_steps=2, group_round=1, merge_threshold=100.0, merge_after=1
@@ -265,8 +265,8 @@ def test_tensorboard_gets_each_round_s_server_actions_as_text_at_its_step(small_
     logger.experiment.flush()
     texts = event_texts(logger.log_dir)
     assert sorted(texts) == [1, 2, 3]
-    assert texts[1].startswith("round 0: grouped")
-    assert texts[2].startswith("round 1: merged cluster") and texts[3].startswith("round 2: merged cluster")
+    assert texts[1].startswith("round 1: grouped")
+    assert texts[2].startswith("round 2: merged cluster") and texts[3].startswith("round 3: merged cluster")
     assert trainer.lightning_module.round_events == [texts[3]]
     events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
     events.Reload()

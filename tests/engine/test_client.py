@@ -48,10 +48,10 @@ def _context(
 
 
 def test_the_non_finite_error_names_round_client_place_and_fix():
-    error = non_finite_error(4, 7, "at local step 2")
+    error = non_finite_error(4, 7, "at local step 2")  # round index 4: the fifth round
     assert isinstance(error, FloatingPointError)
     assert str(error) == (
-        "non-finite loss in round 4 at client 7 at local step 2: lower the learning rate or check "
+        "non-finite loss in round 5 at client 7 at local step 2: lower the learning rate or check "
         "client 7's data for NaN/inf"
     )
 
@@ -263,7 +263,7 @@ def test_a_non_finite_e_step_loss_is_blamed_on_the_client_that_owns_the_row(row,
     contexts = _round_contexts(rule, state, ids, offsets)
     losses = torch.zeros(3, 2, dtype=torch.float64)
     losses[row, 1] = math.nan if row % 2 else math.inf
-    with pytest.raises(FloatingPointError, match=rf"in round 4 at client {blamed} in its E-step pass"):
+    with pytest.raises(FloatingPointError, match=rf"in round 5 at client {blamed} in its E-step pass"):
         prepare(rule, losses, torch.zeros(3, dtype=torch.long), torch.tensor(offsets), contexts, ids, None, 9)
 
 

@@ -76,7 +76,7 @@ def test_a_learning_rate_that_trains_to_chance_warns_once_naming_the_round():
         trainer.fit(MLPClassifier(lr=50.0), datamodule=DigitsFederated(seed=0))
     chance = [m for m in _messages(record) if "chance level" in m]
     assert len(chance) == 1, chance
-    assert chance[0].startswith(f"round {CHANCE_ROUNDS}: training is at chance level")
+    assert chance[0].startswith(f"round {CHANCE_ROUNDS + 1}: training is at chance level")
     assert "log 10" in chance[0] and "learning rate" in chance[0]
 
 
@@ -99,7 +99,7 @@ def test_chance_counting_needs_consecutive_rounds_and_skips_regression_and_round
     assert check_chance_level(0, at_chance, 1, 10) == 1
     assert check_chance_level(1, learning, 2, 10) == 0  # below log C: reset
     assert check_chance_level(1, {"train/loss": 5.0, "train/mse": 1.0}, 2, 0) == 1  # regression
-    with pytest.warns(UserWarning, match=r"round 3: training is at chance level for 3 rounds"):
+    with pytest.warns(UserWarning, match=r"round 4: training is at chance level for 3 rounds"):
         assert check_chance_level(CHANCE_ROUNDS - 1, at_chance, 3, 10) == -1
     assert check_chance_level(-1, at_chance, 4, 10) == -1  # once
 
@@ -128,3 +128,77 @@ def test_a_conv_net_given_flat_rows_gets_the_generic_shape_message_and_other_err
     )
     unrelated = RuntimeError("CUDA error: device-side assert triggered")
     assert input_shape_error("MyCNN", image, unrelated) is unrelated
+
+
+def _getting_started_module() -> type:
+    """The getting-started page's own ``MyClassifier``, as the page defines it."""
+    from tests.docs.markdown_blocks import ROOT, blocks
+
+    (code,) = [b.code for b in blocks(ROOT / "docs" / "getting-started.md") if "class MyClassifier" in b.code]
+    namespace: dict = {"__name__": "getting_started"}
+    exec(compile(code, "getting-started.md", "exec"), namespace)
+    return namespace["MyClassifier"]
+
+
+class NllStep(MLPClassifier):
+    """A training_step whose loss is not the engine's (it minimizes cross-entropy of forward)."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.nll_loss(self(x), y)
+
+
+def _fit_messages(module, fits: int = 1) -> list[str]:
+    dm = DigitsFederated(num_clients=4, seed=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(fits):
+            trainer = make_trainer(lf.FedAvgStrategy(local_steps=1), max_epochs=1, limit_val_batches=0)
+            trainer.fit(module, datamodule=dm)
+    return [m for m in _messages(record) if "does not call" in m]
+
+
+def test_the_getting_started_module_fits_without_the_not_called_warning():
+    """Its training_step returns the cross-entropy of its forward and logs nothing: the engine's
+    own loss, so nothing of it is lost."""
+    assert _fit_messages(_getting_started_module()()) == []
+
+
+def test_a_training_step_with_another_loss_still_warns_and_only_once_per_module_class():
+    messages = _fit_messages(NllStep(), fits=2)
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("NllStep defines training_step")
+
+
+def test_round_options_past_the_runs_length_warn_before_training_naming_each():
+    strategy = lf.FedRCStrategy(3, local_steps=1, group_round=500, merge_threshold=0.1, merge_after=50)
+    trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
+    (message,) = [m for m in _messages(record) if "max_epochs=2" in m]
+    assert "group_round=500" in message and "merge_after=50" in message
+    assert "rounds 1-2" in message and "no round to train after them" in message
+
+
+def test_round_options_within_the_run_give_no_such_warning():
+    strategy = lf.FedRCStrategy(3, local_steps=1, group_round=1)
+    trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=DigitsFederated(num_clients=4, seed=0))
+    assert not [m for m in _messages(record) if "max_epochs=" in m]
+
+
+def test_clients_without_validation_or_test_rows_are_counted_before_training():
+    dm = DigitsFederated(num_clients=30, seed=0, test_fraction=0.02)
+    dm.setup("fit")
+    no_val, no_test = int((dm.val_sizes == 0).sum()), int((dm.test_sizes == 0).sum())
+    assert no_val > 0 and no_test > 0  # the case the warning is about
+    trainer = make_trainer(lf.FedAvgStrategy(local_steps=1), max_epochs=1, limit_val_batches=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(MLPClassifier(), datamodule=dm)
+    (message,) = [m for m in _messages(record) if "no validation rows" in m]
+    assert message.startswith(f"{no_val} of 30 clients have no validation rows and {no_test} no test rows")
+    assert "val/local_acc" in message and "test_fraction" in message

@@ -155,7 +155,7 @@ def test_server_logs_each_round_s_server_actions_as_tensorboard_text(task_identi
     )  # fmt: skip
     flower, _ = run_local(apps, partitions(2))
     texts = event_texts(str(tmp_path))
-    assert list(texts) == [2] and texts[2].startswith("round 1: retired cluster(s)")
+    assert list(texts) == [2] and texts[2].startswith("round 2: retired cluster(s)")
     assert flower.round_events == []  # the last round retired nothing
 
 

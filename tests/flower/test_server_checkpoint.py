@@ -120,3 +120,27 @@ def test_a_run_whose_nodes_held_state_the_server_lacks_is_not_resumed(tmp_path, 
     resumed = FlowerApps(fedrc_adam, workload.make_module, workload.make_datamodule, resume=True, **options)
     with pytest.raises(ValueError, match="its nodes held per-sample state .* and persistent optimizer state"):
         run_local(resumed, partitions(2))
+
+
+def test_a_checkpoint_of_a_run_with_another_save_path_is_refused_by_name(tmp_path, task_identity):
+    """Two runs of one app share its checkpoint-path unless given their own: the second run must
+    neither resume nor overwrite the first's state."""
+    path = tmp_path / "server-state.pt"
+    first, second = str(tmp_path / "run-1.pt"), str(tmp_path / "run-2.pt")
+
+    def run_apps(save_path, resume=False):
+        return FlowerApps(
+            STRATEGIES["ifca"], ScheduledMLP, workload.make_datamodule, num_rounds=2,
+            checkpoint_path=str(path), save_path=save_path, resume=resume,
+        )  # fmt: skip
+
+    run_local(run_apps(first), partitions(2))
+    written = path.read_bytes()
+    for resume in (False, True):
+        with pytest.raises(ValueError) as error:
+            run_local(run_apps(second, resume), partitions(2))
+        message = str(error.value)
+        assert message.startswith(f"checkpoint-path {path} holds the state of the run saved to {first}")
+        assert second in message and "its own checkpoint-path" in message
+        assert path.read_bytes() == written and not (tmp_path / "run-2.pt").exists()
+    run_local(run_apps(first), partitions(2))  # the same run again (its save-path) may start over
