@@ -113,3 +113,23 @@ def test_simulate_refuses_bad_representation_layers_before_any_round(monkeypatch
     strategy = lf.FeSEMStrategy(2, representation_layers=("trunk",), local_steps=1, executor="loop")
     with pytest.raises(ValueError, match="representation_layers=\\('trunk',\\) matches no parameter"):
         simulate(strategy, workload.make_module(), workload.make_datamodule(), num_rounds=1, num_supernodes=2)
+
+
+def test_simulate_sizes_its_node_wait_from_the_nodes_it_starts(monkeypatch) -> None:
+    """300 s for every wave of nodes that start together, one node per CPU Ray may use (4 nodes on
+    2 CPU cores: two waves); ``node_wait`` given: that."""
+    waits: list[float] = []
+    monkeypatch.setattr(
+        simulation, "simulate_apps", lambda apps, *args, **kwargs: waits.append(apps.node_wait)
+    )
+
+    def run(num_supernodes: int, **options) -> float:
+        strategy = workload.STRATEGIES["fedavg"]()
+        simulate(strategy, workload.make_module(), workload.make_datamodule(), 1, num_supernodes, **options)
+        return waits.pop()
+
+    assert run(4, num_cpus=2) == 600.0 and run(5, num_cpus=2) == 900.0
+    assert run(2, num_cpus=1) == 600.0 and run(2, num_cpus=8) == 300.0 and run(1) == 300.0
+    assert run(4, num_cpus=2, node_wait=42.0) == 42.0
+    with pytest.raises(ValueError, match="node_wait must be > 0 seconds"):
+        run(2, node_wait=0.0)
