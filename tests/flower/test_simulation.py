@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import time
 
 import pytest
 
@@ -80,6 +82,30 @@ def test_a_simulation_whose_rounds_train_no_client_fails_naming_the_cause() -> N
             lf.FedAvgStrategy(local_steps=2, max_update_norm=1e-9), workload.make_module(),
             workload.make_datamodule(), num_rounds=2, num_supernodes=2, num_cpus=1,
         )  # fmt: skip
+
+
+DRIVER = "FEDCLUSTER_TEST_DRIVER"  # the test's process id: the node processes (Ray's) start slowly
+
+
+class SlowStartMLP(workload.MomentumMLP):
+    """The workload's model, built 8 s late in every process but the test's: each simulated
+    node answers the describe step late (a busy machine)."""
+
+    def __init__(self) -> None:
+        if os.environ.get(DRIVER) not in (None, str(os.getpid())):
+            time.sleep(8.0)
+        super().__init__()
+
+
+@pytest.mark.slow
+def test_a_simulation_whose_nodes_start_late_names_node_wait_and_a_longer_wait_trains(monkeypatch) -> None:
+    monkeypatch.setenv(DRIVER, str(os.getpid()))
+    data = workload.make_datamodule()
+    late = r"did not describe their clients within node_wait=2 s \(load .*simulate\(\.\.\., node_wait=900\)"
+    with pytest.raises(TimeoutError, match=late):  # the ServerApp's error, raised again by simulate
+        simulate(workload.STRATEGIES["fedavg"](), SlowStartMLP, data, 1, 2, num_cpus=1, node_wait=2.0)
+    module = simulate(workload.STRATEGIES["fedavg"](), SlowStartMLP, data, 1, 2, num_cpus=1, node_wait=300.0)
+    assert module.round_metrics["train/clients"] > 0
 
 
 def _simulate_on_local_grid(monkeypatch) -> None:
