@@ -32,7 +32,7 @@ from lightning_fedcluster.engine.round import RoundState
 from lightning_fedcluster.engine.server_optimizer_state import ServerOptimizer
 from lightning_fedcluster.engine.verified_files import save_verified
 from lightning_fedcluster.flower.grid import GridExecutor, GridRecords
-from lightning_fedcluster.flower.messaging import exchange, wait_for_nodes
+from lightning_fedcluster.flower.messaging import exchange, undescribed_error, wait_for_nodes
 from lightning_fedcluster.flower.node_registry import Federation, describe_messages, federation_of
 from lightning_fedcluster.flower.reporting import console_logging, progress_line, writer_for
 from lightning_fedcluster.flower.server_checkpoint import check_checkpoint_owner, resume_from, save_checkpoint
@@ -111,7 +111,12 @@ class FlowerServer:
         """Ask every node which clients it holds; every client of the datamodule must be held once
         (a node claiming a partition another node holds is refused, and the run goes on)."""
         messages = describe_messages(nodes, self.strategy.num_clusters)
-        replies = exchange(grid, messages, self.node_wait)  # a deployment's nodes start a process first
+        # A node answers once its ClientApp has started (a process, imports, its data): said while
+        # it lasts, and a node still silent after node_wait ends the run naming the wait and the load.
+        replies = exchange(grid, messages, self.node_wait, waiting_for="described their clients")
+        missing = len(set(nodes) - {node for node, _ in replies})
+        if missing:
+            raise undescribed_error(missing, len(nodes), self.node_wait)
         return federation_of(replies, nodes)
 
     # -- rounds --------------------------------------------------------------------------------

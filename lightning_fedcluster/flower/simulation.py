@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from typing import Any
 
@@ -24,6 +25,7 @@ def simulate(
     eval_every: int | None = None,
     save_path: str | None = None,
     ray_on_all_interfaces: bool = False,
+    node_wait: float | None = None,
 ) -> Any:
     """Train ``module`` with ``strategy`` for ``num_rounds`` rounds on ``num_supernodes`` simulated
     Flower nodes, each holding one block of the datamodule's clients, and return the trained
@@ -37,6 +39,10 @@ def simulate(
     included (``load_run`` loads it back).
     ``ray_on_all_interfaces``: Ray's own default, its servers listening on every network
     interface; by default they listen on 127.0.0.1 only (``ray_network.py``).
+    ``node_wait``: seconds the server waits for the nodes to describe their clients (each node's
+    ClientApp starts first: imports, its data and model). Default: sized from the nodes it starts,
+    ``NODE_START_WAIT`` seconds for every wave of nodes that start together (one per CPU Ray may
+    use: ``simulation_node_wait``); raise it on a busy machine.
 
     Test or predict with the returned module under the same strategy:
     ``Trainer(strategy=strategy).test(module, datamodule=datamodule)``.
@@ -49,11 +55,24 @@ def simulate(
             "every node must hold at least one client"
         )
     strategy.check_datamodule(datamodule)
+    if node_wait is None:
+        node_wait = simulation_node_wait(num_supernodes, num_cpus)
     apps = FlowerApps(
         strategy, module, datamodule, num_rounds=num_rounds, min_nodes=num_supernodes, log_dir=log_dir,
-        collect_client_state=True, eval_every=eval_every, save_path=save_path,
+        collect_client_state=True, eval_every=eval_every, save_path=save_path, node_wait=node_wait,
     )  # fmt: skip
     return simulate_apps(apps, num_supernodes, num_cpus=num_cpus, ray_on_all_interfaces=ray_on_all_interfaces)
+
+
+NODE_START_WAIT = 300.0  # seconds for one wave of simulated nodes to start and describe their clients
+
+
+def simulation_node_wait(num_supernodes: int, num_cpus: int | None = None) -> float:
+    """``simulate``'s default ``node_wait``: Ray runs one node's ClientApp per CPU it may use
+    (``num_cpus``, default all), so the nodes start in ceil(nodes / CPUs) waves, each given
+    ``NODE_START_WAIT`` seconds (4 nodes on 2 CPU cores: 600 s)."""
+    cpus = num_cpus or os.cpu_count() or 1
+    return NODE_START_WAIT * math.ceil(num_supernodes / min(cpus, num_supernodes))
 
 
 def simulate_apps(

@@ -33,6 +33,7 @@ from typing import Any
 
 log = logging.getLogger("lightning_fedcluster.flower")
 IDLE_POLL = 1.0  # seconds between the runner's requests for a task while no message flows
+PULL_WAIT = 120.0  # seconds a task may take to receive its message before the runner gives it up
 
 
 @dataclass
@@ -57,7 +58,9 @@ class ClientAppRunner:
 
     ``wait`` is its wait between requests for a task, ``done`` is called after each task, and
     ``pull`` takes a task's message, context, run and FAB (flwr-clientapp's ``pull_task_input``,
-    or the fast paths' quicker one)."""
+    or the fast paths' quicker one). A task whose message has not arrived after ``pull_wait``
+    seconds is given up as failed (``pull_within``): the runner takes one task at a time, so a
+    message that never arrives must not hold every later one back."""
 
     def __init__(
         self,
@@ -67,9 +70,10 @@ class ClientAppRunner:
         wait: Callable[[], None],
         done: Callable[[], None],
         pull: Callable[[Any], tuple[Any, Any, Any, Any]],
+        pull_wait: float = PULL_WAIT,
     ) -> None:
         self.address, self.root_certificates = runtime_api_address, root_certificates
-        self.wait, self.done, self.pull = wait, done, pull
+        self.wait, self.done, self.pull, self.pull_wait = wait, done, pull, pull_wait
         self.apps: dict[str, Any] = {}  # FAB hash -> the loaded ClientApp
         self.app_dirs: list[Path] = []  # where the loaded apps were installed
         self.tasks = 0
@@ -140,7 +144,7 @@ class ClientAppRunner:
         message = context = reply = None
         status, details = SubStatus.FAILED, "ClientApp task failed"
         try:
-            message, context, run, fab = self.pull(client)
+            message, context, run, fab = pull_within(self.pull, client, self.pull_wait)
             pulled = time.perf_counter()
             reply = self.load(fab, run)(message=message, context=context)
             log.debug("task: pull %.3f s, app %.3f s", pulled - started, time.perf_counter() - pulled)
@@ -162,6 +166,32 @@ class ClientAppRunner:
                 client.close()
                 self.tasks += 1
                 log.debug("task done in %.3f s", time.perf_counter() - started)
+
+
+def pull_within(pull: Callable[[Any], Any], client: Any, seconds: float) -> Any:
+    """``pull(client)``, or a TimeoutError after ``seconds``. Flower's SuperNode creates a task
+    before it receives the message's objects, and when the run ends meanwhile (a SuperLink that
+    restarted) it drops the message but leaves the task, whose pull then retries for up to two
+    hours: that pull is left behind (its client is closed after the task) and the task fails."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = pull(client)
+        except BaseException as error:  # handed to the runner's thread below
+            result["error"] = error
+
+    thread = threading.Thread(target=run, name="fedcluster-pull", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(
+            f"the task's message did not arrive within {seconds:g} s (its run may have ended while the "
+            "SuperNode received it): the task is given up"
+        )
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def forget_apps(app_dirs: list[Path]) -> None:
@@ -189,9 +219,14 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--fast-paths", action="store_true", help="shorten Flower's waits by patching flwr internals"
     )
+    parser.add_argument(
+        "--pull-wait", type=float, default=PULL_WAIT, help="seconds a task may take to receive its message"
+    )
     ours, rest = parser.parse_known_args(argv)
     if not ours.poll_interval > 0 or ours.busy_window < 0:
         parser.error("--poll-interval must be > 0 seconds and --busy-window >= 0 seconds")
+    if not ours.pull_wait > 0:
+        parser.error("--pull-wait must be > 0 seconds (raise it for messages that take long to download)")
     return ours, rest
 
 
@@ -225,7 +260,10 @@ def main(argv: list[str]) -> None:
 
     if "-h" in argv or "--help" in argv:
         print(__doc__)
-        print("Own options: --poll-interval SECONDS (0.02), --busy-window SECONDS (30), --fast-paths.\n")
+        print(
+            "Own options: --poll-interval SECONDS (0.02), --busy-window SECONDS (30), --fast-paths, "
+            f"--pull-wait SECONDS ({PULL_WAIT:g}).\n"
+        )
         sys.argv = ["flower-supernode", "--help"]
         flower_supernode()  # prints Flower's options and exits
     ours, rest = parse(argv)
@@ -252,14 +290,17 @@ def main(argv: list[str]) -> None:
         pace = fast_paths.Pace(ours.poll_interval, ours.busy_window)
         fast_paths.speed_up_supernode(pace)
         waits: dict[str, Any] = {"wait": lambda: pace.wait_for_message(IDLE_POLL), "done": pace.touch}
-        runner = ClientAppRunner(address, root_certificates, **waits, pull=fast_paths.pull_task_input)
+        runner = ClientAppRunner(
+            address, root_certificates, **waits, pull=fast_paths.pull_task_input, pull_wait=ours.pull_wait
+        )
     else:
         from flwr.supernode.runtime.run_clientapp import pull_task_input
 
         polling = Polling(ours.poll_interval, ours.busy_window)
         runner = ClientAppRunner(
-            address, root_certificates, wait=polling.wait, done=polling.touch, pull=pull_task_input
-        )
+            address, root_certificates, wait=polling.wait, done=polling.touch, pull=pull_task_input,
+            pull_wait=ours.pull_wait,
+        )  # fmt: skip
     threading.Thread(target=runner.serve, name="fedcluster-clientapp", daemon=True).start()
     sys.argv = ["flower-supernode", *rest, "--isolation", ISOLATION_MODE_PROCESS]
     flower_supernode()

@@ -5,11 +5,14 @@ round, named and counted, and a round without any accepted client stops the run.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import pytest
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.engine.executors.loop import LoopExecutor
+from lightning_fedcluster.engine.executors.vectorized import VectorizedExecutor
 from lightning_fedcluster.engine.federation import NoClientsError
 from lightning_fedcluster.engine.reply_checks import (
     ReplyLimits,
@@ -194,3 +197,49 @@ def test_a_round_that_trains_no_client_stops_the_run():
                 clients_per_round=5, local_steps=2, executor="loop", max_update_norm=1e-6
             )
         )
+
+
+def never_training(executor: str, client: int):
+    """A patch of ``executor`` under which ``client`` is never trained: its slot is skipped (the
+    schedule, and every other client's work, unchanged)."""
+    if executor == "loop":
+        original = LoopExecutor.train_client
+
+        def train_client(self, round_state, slot):
+            if int(self.clients.ids[round_state.clients[slot]]) != client:
+                original(self, round_state, slot)
+
+        return LoopExecutor, "train_client", train_client
+    original_chunk = VectorizedExecutor.run_chunk
+
+    def run_chunk(self, round_state, slots):
+        kept = [s for s in slots if int(self.clients.ids[round_state.clients[s]]) != client]
+        if kept:
+            original_chunk(self, round_state, kept)
+
+    return VectorizedExecutor, "run_chunk", run_chunk
+
+
+@pytest.mark.parametrize("executor", ["loop", "vectorized"])
+def test_a_rejected_client_leaves_no_trace(executor, monkeypatch):
+    """The run in which the loud client's replies are rejected equals the run in which it never
+    trained: models, the client store with the persistent optimizer store (as checkpointed), and
+    the last round's training metrics (its loss left out; counted in train/rejected only)."""
+    rounds = loud_rounds()[-1] + 1
+    strategy = partial(bounded_strategy, executor, optimizer_state="persist")
+    rejected, messages = fit(strategy(), rounds)
+    assert sum("is rejected" in m for m in messages) == len(loud_rounds(rounds))
+    with monkeypatch.context() as patch:
+        patch.setattr(*never_training(executor, LOUD))
+        reference, messages = fit(strategy(), rounds)
+    assert not any("is rejected" in m for m in messages)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(rejected.state_dict()[name], tensor), name
+    stored, expected = rejected.client_state.state_dict(), reference.client_state.state_dict()
+    assert "optimizer.ids" in expected and LOUD not in expected["optimizer.ids"].tolist()
+    assert stored.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(stored[name], tensor), name
+    assert rejected.round_metrics["train/rejected"] == 1.0 and reference.round_metrics["train/rejected"] == 0
+    for name in ("train/loss", "train/acc", "train/clients"):
+        assert rejected.round_metrics[name] == reference.round_metrics[name], name

@@ -10,7 +10,9 @@ torn. Slow: every test starts real processes (minutes on 2 shared cores).
 - the ServerApp is killed after a checkpoint: ``flwr run ... resume=true`` goes on from it;
 - the SuperLink is killed and restarted on its database: the nodes come back and the run
   resumes from the server's checkpoint;
-- the same nodes serve two different apps in turn, each with its own code.
+- the same nodes serve two different apps in turn, each with its own code;
+- with TLS and SuperNode authentication, as a user deploys (the guide's certificates and
+  registered keys): the poisoned node and the killed SuperLink again.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import lightning_fedcluster as lf
 from lightning_fedcluster.engine.verified_files import load_verified
 from lightning_fedcluster.flower import FlowerApps, read_run
+from lightning_fedcluster.flower.template import CERTIFICATES
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
 from tests.flower.test_apps import ROOT, command, free_port
@@ -169,10 +172,13 @@ def assert_weights(run: dict, expected) -> None:
 
 
 class Deployment:
-    """A SuperLink on a state database and two ``fedcluster flower supernode`` processes."""
+    """A SuperLink on a state database and two ``fedcluster flower supernode`` processes; with
+    ``secure``, as the deployment guide sets them up: TLS from the generated app's
+    ``certificates.sh`` (a CA, the SuperLink's certificate), SuperNode authentication, each node's
+    public key registered with ``flwr supernode register`` and its private key on the node."""
 
-    def __init__(self, root: Path) -> None:
-        self.root, self.faults = root, root / "faults"
+    def __init__(self, root: Path, secure: bool = False) -> None:
+        self.root, self.faults, self.secure = root, root / "faults", secure
         self.faults.mkdir()
         self.home = root / "flwr-home"
         self.home.mkdir()
@@ -183,9 +189,13 @@ class Deployment:
         }  # fmt: skip
         self.processes: dict[str, subprocess.Popen] = {}
         self.starts = 0
+        if secure:
+            (root / "certificates.sh").write_text(CERTIFICATES)
+            subprocess.run(["bash", str(root / "certificates.sh"), "localhost", "2"], check=True, timeout=120)
+        trust = f'root-certificates = "{root / "certificates" / "ca.crt"}"' if secure else "insecure = true"
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "localhost"\n\n[superlink.localhost]\n'
-            f'address = "127.0.0.1:{self.link_port}"\ninsecure = true\n'
+            f'address = "127.0.0.1:{self.link_port}"\n{trust}\n'
         )
         self.apps = {"main": root / "app", "other": root / "other_app"}
         for (name, directory), code in zip(self.apps.items(), (APP, OTHER_APP), strict=True):
@@ -203,15 +213,33 @@ class Deployment:
         )
 
     def start_superlink(self) -> None:
+        certificates = self.root / "certificates"
+        security = [
+            "--ssl-ca-certfile", str(certificates / "ca.crt"),
+            "--ssl-certfile", str(certificates / "server.pem"),
+            "--ssl-keyfile", str(certificates / "server.key"), "--enable-supernode-auth",
+        ] if self.secure else ["--insecure"]  # fmt: skip
         self.start("superlink", [
-            command("flower-superlink"), "--insecure", "--port", str(self.link_port),
+            command("flower-superlink"), *security, "--port", str(self.link_port),
             "--database", str(self.root / "state.db"),
         ])  # fmt: skip
 
+    def register_supernodes(self) -> None:
+        """Each SuperNode's public key, registered on the SuperLink (kept in its database)."""
+        for partition in (0, 1):
+            key = str(self.root / "keys" / f"supernode-{partition}.pub")
+            done = subprocess.run([command("flwr"), "supernode", "register", key, "localhost"], env=self.env,
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr + self.logs()
+
     def start_supernode(self, partition: int) -> None:
         extra = {FAULTS: str(self.faults)} if partition == 1 else {}
+        security = [
+            "--root-certificates", str(self.root / "certificates" / "ca.crt"),
+            "--auth-supernode-private-key", str(self.root / "keys" / f"supernode-{partition}"),
+        ] if self.secure else ["--insecure"]  # fmt: skip
         self.start(f"supernode{partition}", [
-            command("fedcluster"), "flower", "supernode", "--insecure", "--superlink",
+            command("fedcluster"), "flower", "supernode", *security, "--superlink",
             f"127.0.0.1:{self.link_port}", "--port", str(free_port()),
             "--node-config", f"partition-id={partition} num-partitions=2",
         ], **extra)  # fmt: skip
@@ -278,11 +306,15 @@ class Deployment:
         )
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    deployment = Deployment(tmp_path_factory.mktemp("faults"))
+def started(root: Path, secure: bool = False):
+    """A deployment with both SuperNodes activated (keys registered first when ``secure``); its
+    processes killed when the generator ends."""
+    deployment = Deployment(root, secure)
     try:
         deployment.start_superlink()
+        if secure:
+            deployment.wait_for(lambda: accepts(deployment.link_port), "the SuperLink starts")
+            deployment.register_supernodes()
         deployment.start_supernode(0)
         deployment.start_supernode(1)
         deployment.wait_for(lambda: deployment.activations() >= 2, "the SuperLink activates both SuperNodes")
@@ -290,6 +322,17 @@ def deployment(tmp_path_factory):
     finally:
         for name in list(deployment.processes):
             deployment.kill(name)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    yield from started(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture(scope="module")
+def secure_deployment(tmp_path_factory):
+    """The deployment as a user runs it: TLS and SuperNode authentication."""
+    yield from started(tmp_path_factory.mktemp("secure-faults"), secure=True)
 
 
 def test_two_apps_in_turn_from_the_same_nodes_each_run_their_own_code(deployment):
@@ -307,6 +350,16 @@ def test_two_apps_in_turn_from_the_same_nodes_each_run_their_own_code(deployment
 def test_a_node_sending_poisoned_replies_is_rejected_and_the_run_equals_one_without_them(
     deployment, mode, task_identity
 ):
+    poisoned_run_equals_one_without_them(deployment, mode)
+
+
+def test_with_tls_and_node_authentication_a_poisoned_node_is_rejected(secure_deployment, task_identity):
+    poisoned_run_equals_one_without_them(secure_deployment, "nan")
+
+
+def poisoned_run_equals_one_without_them(deployment: Deployment, mode: str) -> None:
+    """Node 1 poisons its replies (``mode``) from round 2 on: each is rejected, named and saved,
+    and the run ends with the weights of the in-process run that left them out."""
     saved = deployment.root / f"poisoned-{mode}.pt"
     (deployment.faults / mode).touch()
     try:
@@ -363,6 +416,18 @@ def test_a_killed_serverapp_resumes_from_its_checkpoint(deployment, task_identit
 
 
 def test_a_superlink_killed_and_restarted_on_its_database_resumes(deployment, task_identity):
+    killed_superlink_resumes(deployment)
+
+
+def test_with_tls_and_node_authentication_a_killed_superlink_resumes(secure_deployment, task_identity):
+    """The restarted SuperLink knows the registered keys from its database: the authenticated
+    SuperNodes carry on over TLS and the run resumes."""
+    killed_superlink_resumes(secure_deployment)
+
+
+def killed_superlink_resumes(deployment: Deployment) -> None:
+    """The SuperLink killed after the server's round-2 checkpoint and restarted on its database:
+    ``resume=true`` ends with the weights of the run that never stopped."""
     saved, checkpoint = deployment.root / "relinked.pt", deployment.root / "relinked.ckpt"
     config = f'save-path="{saved}" checkpoint-path="{checkpoint}"'
     run = deployment.submit(config)

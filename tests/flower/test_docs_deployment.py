@@ -1,10 +1,14 @@
 """The deployment guide (docs/how-to/flower.md, "Deploying"), run as written: its shell blocks,
 in order, with real processes on localhost: ``fedcluster flower new``, the certificates and keys,
 a SuperLink with TLS and SuperNode authentication, two registered ``fedcluster flower supernode``
-processes, ``flwr run``. Then a SuperNode whose key was never registered is refused.
+processes, ``flwr run``; then its security section: the registered nodes are listed, and a
+SuperNode that holds the CA but whose key was never registered is refused. Registering a key
+needs nothing but the public CA certificate (what the section says): checked with a connection
+that has only the CA.
 
 Each block is marked ``<!-- deploy: KIND -->``: ``setup`` and ``run`` blocks run with bash and must
-exit 0, ``superlink`` and ``supernodes`` start one long-running process per command. The first
+exit 0, a ``refused`` block must fail naming the unregistered key, ``superlink`` and
+``supernodes`` start one long-running process per command. The first
 block runs in the test's directory, the others in the app's (``my_app``), as the guide says. The
 text runs unchanged, except that a documented port already in use on this machine is replaced by
 a free one everywhere."""
@@ -26,7 +30,7 @@ from tests.docs.markdown_blocks import ROOT
 
 GUIDE = ROOT / "docs" / "how-to" / "flower.md"
 MARKED = re.compile(r"<!-- deploy: (?P<kind>\w+) -->\n```bash\n(?P<code>.*?)\n```", re.S)
-PORTS = ("9091", "9094", "9095")
+PORTS = ("9091", "9094", "9095", "9096")
 
 
 def guide_blocks() -> list[tuple[str, str]]:
@@ -95,7 +99,7 @@ def wait_for(condition, timeout: float, what: str, terminals: Terminals) -> None
 def test_the_guides_deployment_runs_with_tls_and_authenticated_supernodes(tmp_path):
     blocks = guide_blocks()
     kinds = [kind for kind, _ in blocks]
-    assert kinds == ["setup", "setup", "superlink", "setup", "supernodes", "run"], kinds
+    assert kinds == ["setup", "setup", "superlink", "setup", "supernodes", "run", "setup", "refused"], kinds
     text = "\n".join(code for _, code in blocks)
     assert "--insecure" not in text and "--enable-supernode-auth" in text and "--ssl-certfile" in text
     ports = {p: str(free_port()) for p in PORTS if busy(int(p))}
@@ -118,6 +122,15 @@ def test_the_guides_deployment_runs_with_tls_and_authenticated_supernodes(tmp_pa
                 assert done.returncode == 0, f"{code}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
                 if kind == "run":
                     output = done.stdout + done.stderr
+                elif "supernode list" in code:
+                    assert (done.stdout + done.stderr).count("online") == 2, done.stdout + done.stderr
+            elif kind == "refused":  # a SuperNode with the CA and an unregistered key exits, named
+                done = subprocess.run(["bash", "-ec", code], cwd=cwd, env=env, capture_output=True, text=True,
+                                      timeout=600)  # fmt: skip
+                refused = done.stdout + done.stderr
+                assert done.returncode != 0, refused[-3000:]
+                assert "Failed to activate SuperNode" in refused and "it is not registered there" in refused
+                assert "--root-certificates certificates/ca.crt" in code
             elif kind == "superlink":
                 terminals.start("superlink", code, cwd)
                 wait_for(lambda: "Uvicorn running on https://" in terminals.log("superlink"), 300,
@@ -137,16 +150,20 @@ def test_the_guides_deployment_runs_with_tls_and_authenticated_supernodes(tmp_pa
         assert 0.0 < saved["metrics"][-1]["val/local_acc"] <= 1.0
         assert all(bool(torch.isfinite(t).all()) for t in saved["state_dict"].values())
 
-        # A SuperNode with a key the SuperLink never registered is refused and exits.
-        keygen = ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(tmp_path / "stranger")]
-        subprocess.run(keygen, check=True, timeout=60)
-        supernode = commands(remap(dict(blocks)["supernodes"], ports))[0]
-        stranger = supernode.replace("keys/supernode-0", str(tmp_path / "stranger"))
-        stranger = re.sub(r"--port \d+", f"--port {free_port()}", stranger)
-        refused = terminals.start("stranger", stranger, app)
-        assert refused.wait(timeout=300) != 0, terminals.log("stranger")
-        assert "Failed to activate SuperNode" in terminals.log("stranger"), terminals.log("stranger")
-        assert "it is not registered there" in terminals.log("stranger"), terminals.log("stranger")
         assert terminals.log("superlink").count("Activated node_id") == 2
+
+        # Registering a key takes only the public CA: a connection with the address and ca.crt.
+        stranger_home = tmp_path / "stranger-home"
+        stranger_home.mkdir()
+        (stranger_home / "ca.crt").write_bytes((app / "certificates" / "ca.crt").read_bytes())
+        address = re.search(r'address = "([^"]+)"', (home / "config.toml").read_text())[1]
+        (stranger_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "link"\n\n[superlink.link]\naddress = "{address}"\n'
+            f'root-certificates = "{stranger_home / "ca.crt"}"\n'
+        )
+        register = ["flwr", "supernode", "register", str(app / "keys" / "stranger.pub"), "link"]
+        done = subprocess.run(register, env={**env, "FLWR_HOME": str(stranger_home)}, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
     finally:
         terminals.stop()

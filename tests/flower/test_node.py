@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import sys
+import time
 
 import pytest
 import torch
@@ -185,6 +187,40 @@ def test_the_server_says_while_it_waits_for_nodes_and_why_the_run_fails(task_ide
     assert caplog.records[-1].levelname == "ERROR" and "run failed: TimeoutError: 2 of" in caplog.text
     with pytest.raises(ValueError, match="node_wait must be > 0 seconds"):
         fedavg_apps(node_wait=0)
+
+
+SLOW_START = 3.0  # seconds each node's datamodule takes to build (a node slow to start)
+
+
+def slow_datamodule():
+    """The workload's datamodule, built after a sleep: each node answers the describe step late."""
+    time.sleep(SLOW_START)
+    return workload.make_datamodule()
+
+
+def test_the_describe_step_says_what_it_waits_for_and_a_short_node_wait_names_the_remedy(
+    task_identity, caplog
+):
+    """Nodes slow to start: past node_wait the run fails naming node_wait (run config and
+    simulate argument) and the machine's load; with a longer wait the server says, while it
+    waits, how many nodes have described their clients, and the run trains."""
+    slow = {"module": workload.make_module, "datamodule": slow_datamodule, "num_rounds": 1, "min_nodes": 2}
+    short = FlowerApps(workload.STRATEGIES["fedavg"], node_wait=SLOW_START / 2, **slow)
+    message = (
+        r"2 of 2 Flower node\(s\) did not describe their clients within node_wait=1.5 s \(load [0-9.]+ on "
+        r"\d+ CPU cores\): .*Raise node_wait: run config node-wait .*or simulate\(\.\.\., node_wait=900\)"
+    )
+    with pytest.raises(TimeoutError, match=message):
+        run_local(short, partitions(2))
+    longer = FlowerApps(workload.STRATEGIES["fedavg"], node_wait=60.0, **slow)
+    with caplog.at_level(logging.INFO, logger="lightning_fedcluster.flower"):
+        module, _ = run_local(longer, partitions(2))
+    assert module.round_metrics["train/clients"] > 0
+    waiting = [r.getMessage() for r in caplog.records if "described their clients, waiting" in r.getMessage()]
+    assert waiting and all(
+        re.fullmatch(r"[01] of 2 nodes described their clients, waiting \(\d+ s left\)", line)
+        for line in waiting
+    ), waiting
 
 
 def test_a_run_says_it_overwrites_an_earlier_runs_save_path(task_identity, caplog, tmp_path):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import time
 
 import pytest
 
@@ -82,6 +84,30 @@ def test_a_simulation_whose_rounds_train_no_client_fails_naming_the_cause() -> N
         )  # fmt: skip
 
 
+DRIVER = "FEDCLUSTER_TEST_DRIVER"  # the test's process id: the node processes (Ray's) start slowly
+
+
+class SlowStartMLP(workload.MomentumMLP):
+    """The workload's model, built 8 s late in every process but the test's: each simulated
+    node answers the describe step late (a busy machine)."""
+
+    def __init__(self) -> None:
+        if os.environ.get(DRIVER) not in (None, str(os.getpid())):
+            time.sleep(8.0)
+        super().__init__()
+
+
+@pytest.mark.slow
+def test_a_simulation_whose_nodes_start_late_names_node_wait_and_a_longer_wait_trains(monkeypatch) -> None:
+    monkeypatch.setenv(DRIVER, str(os.getpid()))
+    data = workload.make_datamodule()
+    late = r"did not describe their clients within node_wait=2 s \(load .*simulate\(\.\.\., node_wait=900\)"
+    with pytest.raises(TimeoutError, match=late):  # the ServerApp's error, raised again by simulate
+        simulate(workload.STRATEGIES["fedavg"](), SlowStartMLP, data, 1, 2, num_cpus=1, node_wait=2.0)
+    module = simulate(workload.STRATEGIES["fedavg"](), SlowStartMLP, data, 1, 2, num_cpus=1, node_wait=300.0)
+    assert module.round_metrics["train/clients"] > 0
+
+
 def _simulate_on_local_grid(monkeypatch) -> None:
     """``simulate`` as written, with the apps run on the in-process grid instead of Ray."""
     from tests.flower.local_grid import partitions, run_local
@@ -113,3 +139,23 @@ def test_simulate_refuses_bad_representation_layers_before_any_round(monkeypatch
     strategy = lf.FeSEMStrategy(2, representation_layers=("trunk",), local_steps=1, executor="loop")
     with pytest.raises(ValueError, match="representation_layers=\\('trunk',\\) matches no parameter"):
         simulate(strategy, workload.make_module(), workload.make_datamodule(), num_rounds=1, num_supernodes=2)
+
+
+def test_simulate_sizes_its_node_wait_from_the_nodes_it_starts(monkeypatch) -> None:
+    """300 s for every wave of nodes that start together, one node per CPU Ray may use (4 nodes on
+    2 CPU cores: two waves); ``node_wait`` given: that."""
+    waits: list[float] = []
+    monkeypatch.setattr(
+        simulation, "simulate_apps", lambda apps, *args, **kwargs: waits.append(apps.node_wait)
+    )
+
+    def run(num_supernodes: int, **options) -> float:
+        strategy = workload.STRATEGIES["fedavg"]()
+        simulate(strategy, workload.make_module(), workload.make_datamodule(), 1, num_supernodes, **options)
+        return waits.pop()
+
+    assert run(4, num_cpus=2) == 600.0 and run(5, num_cpus=2) == 900.0
+    assert run(2, num_cpus=1) == 600.0 and run(2, num_cpus=8) == 300.0 and run(1) == 300.0
+    assert run(4, num_cpus=2, node_wait=42.0) == 42.0
+    with pytest.raises(ValueError, match="node_wait must be > 0 seconds"):
+        run(2, node_wait=0.0)

@@ -87,3 +87,54 @@ def test_an_app_loaded_after_another_of_the_same_module_name_runs_its_own_code(t
     assert importlib.import_module("fedcluster_fault_app").WIDTH == 32
     assert loaded.WIDTH == 128, "the app loaded before keeps its own module"
     del sys.modules["fedcluster_fault_app"]
+
+
+class QuietHeartbeat:
+    def __init__(self, *args) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class ClosedClient:
+    def close(self) -> None: ...
+
+
+def test_a_task_whose_message_never_arrives_is_given_up_and_the_next_task_runs(monkeypatch):
+    """Flower's SuperNode leaves a task behind when the run ends while it receives the message (a
+    SuperLink that restarted): the task's pull retries for hours. The runner gives it up after
+    ``pull_wait`` (reported failed, no reply) and runs the next task."""
+    import threading
+
+    import flwr.supercore.heartbeat as heartbeat
+    import flwr.supernode.runtime.run_clientapp as run_clientapp
+    from flwr.common.constant import SubStatus
+
+    from lightning_fedcluster.flower.supernode import ClientAppRunner
+
+    outputs: list[tuple] = []
+    monkeypatch.setattr(heartbeat, "HeartbeatSender", QuietHeartbeat)
+    monkeypatch.setattr(heartbeat, "make_task_heartbeat_fn_http", lambda client: None)
+    monkeypatch.setattr(run_clientapp, "push_message", lambda client, reply, context: outputs.append(reply))
+    monkeypatch.setattr(
+        run_clientapp, "push_task_output",
+        lambda client, context, sub_status, details: outputs.append((sub_status, details)),
+    )  # fmt: skip
+    never = threading.Event()
+    pulls = iter([lambda: never.wait(60), lambda: ("message", "context", "run", "fab")])
+    runner = ClientAppRunner("127.0.0.1:1", wait=lambda: None, done=lambda: None,
+                             pull=lambda client: next(pulls)(), pull_wait=0.5)  # fmt: skip
+    monkeypatch.setattr(runner, "client", lambda *interceptors: ClosedClient())
+    monkeypatch.setattr(runner, "load", lambda fab, run: lambda message, context: f"reply to {message}")
+    try:
+        assert elapsed(runner.run_task, "orphan") < 5
+        ((status, details),) = outputs
+        assert status == SubStatus.FAILED and "did not arrive within 0.5 s" in details
+        runner.run_task("next")
+        assert outputs[1:] == ["reply to message", (SubStatus.COMPLETED, "")]
+    finally:
+        never.set()
+    with pytest.raises(SystemExit):
+        parse(["--pull-wait", "0"])
+    assert parse(["--pull-wait", "600"])[0].pull_wait == 600.0

@@ -62,12 +62,13 @@ class Copies(Protocol):
 
 @dataclass
 class ClientTurn:
-    """One client's turn in progress: its plan (``work``), data, and minibatch permutation per
-    local epoch."""
+    """One client's turn in progress: its plan (``work``), data, its training metric sums (added
+    to the round's once its work is accepted), and minibatch permutation per local epoch."""
 
     work: ClientWork
     x: Tensor
     y: Tensor
+    metrics: Tensor
     orders: dict[int, Tensor] = field(default_factory=dict)
 
 
@@ -123,7 +124,7 @@ def start_turn(
 ) -> ClientTurn:
     """The round's global weights into the working copies, the client's optimizer state (fresh,
     or ``stored`` (vector, started flags) with a persistent layout), its E-step pass and plan
-    (the client contract with one client), and its training metrics into the round's sums."""
+    (the client contract with one client), and its training metrics (``train_metric_sums``)."""
     release_free_heap()  # the last client's freed activations, so the heap cannot fragment and grow
     client, round_index = context.client, context.round_index
     torch.manual_seed(derive_seed(setup.seed, round_index, client))  # dropout etc.: rank-independent
@@ -137,8 +138,7 @@ def start_turn(
     (work,) = prepare(setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed, outputs)
     work.order = work.order.to(setup.device)
     weights = prediction_weights_per_row(setup.rule, [work], setup.device)
-    round_state.add_metrics(train_metric_sums(outputs, y, weights, setup.task))
-    return ClientTurn(work, x, y, {0: work.order})
+    return ClientTurn(work, x, y, train_metric_sums(outputs, y, weights, setup.task), {0: work.order})
 
 
 def turn_step(
@@ -176,8 +176,9 @@ def batch_index(setup: LocalSetup, turn: ClientTurn, step: int) -> Tensor:
 def finish_turn(
     setup: LocalSetup, solver: LocalSolver, turn: ClientTurn, round_state: RoundState, report: ClientReport
 ) -> bool:
-    """The client's contributions into the round's sums, its report and its optimizer state, once
-    they pass the reply checks (``RoundState.admit``). Returns whether they did."""
+    """The client's contributions into the round's sums, its report, training metrics and optimizer
+    state, once they pass the reply checks (``RoundState.admit``): a rejected client leaves none of
+    them. Returns whether they did."""
     work = turn.work
     parts = contributions(setup.rule, work, report)
     updates = [
@@ -193,6 +194,7 @@ def finish_turn(
     if round_state.global_shared and parts:
         round_state.accumulate_shared(setup.copies.shared_tensors(), float(work.stop - work.start))
     round_state.record(work, report)
+    round_state.add_metrics(turn.metrics)
     if solver.layout is not None:
         vector, started = read_state(solver.optimizer, solver.layout, setup.copies.num_clusters)
         round_state.record_optimizer(work.slot, vector, started)

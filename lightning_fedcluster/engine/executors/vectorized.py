@@ -120,10 +120,10 @@ class VectorizedExecutor:
             stats = round_state.log_label_stats
             works = prepare(setup.rule, losses, y, local_offsets, contexts, slots, stats, setup.seed, outputs)
             weights = prediction_weights_per_row(setup.rule, works, setup.device)
-            round_state.add_metrics(train_metric_sums(outputs, y, weights, setup.task))
         with self.timed("local_training"):
             steps = self.clients.steps[rows]
-            theta = self.train_chunk(round_state, works, x, y, local_offsets, steps, params, buffers)
+            trained = self.train_chunk(round_state, works, x, y, local_offsets, steps, params, buffers)
+            theta, optimizer = trained
             finite = torch.stack([torch.isfinite(t.flatten(2)).all(2) for t in theta.values()]).all(0).all(1)
             if not bool(finite.all()):
                 client = works[int((~finite).nonzero()[0])].client
@@ -134,9 +134,17 @@ class VectorizedExecutor:
             accepted = round_state.admit_stacked(works, mix, thetas)
             mix[~accepted.to(mix.device)] = 0.0
             round_state.accumulate_stacked(mix, thetas)
-            for work, admitted in zip(works, accepted.tolist(), strict=True):
-                if admitted:
-                    round_state.record(work, work.report)
+            # A rejected client leaves no trace: no report, training metrics or optimizer state.
+            admitted = [work for work, ok in zip(works, accepted.tolist(), strict=True) if ok]
+            for work in admitted:
+                round_state.record(work, work.report)
+            if len(admitted) < len(works):
+                kept = torch.cat([torch.arange(w.start, w.stop) for w in admitted] or [torch.arange(0)])
+                kept = kept.to(y.device)
+                outputs, y, weights = outputs[:, kept], y[kept], weights[kept]
+            round_state.add_metrics(train_metric_sums(outputs, y, weights, setup.task))
+            if optimizer is not None:
+                self.store_momentum(round_state, works, *optimizer, accepted)
 
     def train_chunk(
         self,
@@ -148,8 +156,10 @@ class VectorizedExecutor:
         steps: Tensor,
         params: dict[str, Tensor],
         buffers: dict[str, Tensor],
-    ) -> dict[str, Tensor]:
-        """Every (client, trained copy) pair's local SGD steps; returns θ [C, K, ...]."""
+    ) -> tuple[dict[str, Tensor], tuple[dict[str, Tensor], Tensor] | None]:
+        """Every (client, trained copy) pair's local SGD steps; returns θ [C, K, ...] and, with a
+        persistent optimizer layout, the momentum buffers [C, K, ...] and started flags [C, K]
+        (stored by the caller for the clients whose work is accepted)."""
         setup, solver = self.runtime.setup, self.runtime.solver
         k_total = setup.copies.num_clusters
         weights = torch.zeros(y.shape[0], k_total, device=setup.device)
@@ -192,10 +202,9 @@ class VectorizedExecutor:
             gradient_clip_val=setup.gradient_clip_val,
         )
         if layout is None:
-            return result
+            return result, None
         theta, momentum, started = result
-        self.store_momentum(round_state, works, momentum, started)
-        return theta
+        return theta, (momentum, started)
 
     def epoch_orders(self, works: list[ClientWork], steps: Tensor) -> list[list[Tensor]]:
         """Each client's permutation for every local epoch it runs this round (the loop's)."""
@@ -241,13 +250,21 @@ class VectorizedExecutor:
         return momentum, started
 
     def store_momentum(
-        self, round_state: RoundState, works: list[ClientWork], momentum: dict[str, Tensor], started: Tensor
+        self,
+        round_state: RoundState,
+        works: list[ClientWork],
+        momentum: dict[str, Tensor],
+        started: Tensor,
+        accepted: Tensor,
     ) -> None:
-        """Each client's momentum buffers after training, in the persistent layout."""
+        """The momentum buffers after training of each client whose work was ``accepted`` [C], in
+        the persistent layout (a rejected client keeps the state it started the round with)."""
         layout, device = self.runtime.solver.layout, self.runtime.setup.device
         assert layout is not None
         offsets = self.momentum_offsets()
         for c, work in enumerate(works):
+            if not bool(accepted[c]):
+                continue
             vector = torch.zeros(layout.size, dtype=torch.float32, device=device)
             for name, per_copy in offsets.items():
                 for k, offset in enumerate(per_copy):
