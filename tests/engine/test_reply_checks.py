@@ -16,6 +16,7 @@ from lightning_fedcluster.engine.executors.vectorized import VectorizedExecutor
 from lightning_fedcluster.engine.federation import NoClientsError
 from lightning_fedcluster.engine.reply_checks import (
     ReplyLimits,
+    all_finite,
     client_problems,
     finite_problems,
     norm_problems,
@@ -27,6 +28,26 @@ from tests.conftest import make_trainer
 from tests.flower import workload
 
 ALIVE = torch.tensor([True, True, False])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_all_finite_equals_the_elementwise_test(dtype):
+    """One float64 sum answers as ``isfinite(t).all()`` does: each kind of non-finite value alone,
+    +inf with -inf (their sum is NaN, not finite), and the largest finite values of the dtype, whose
+    sum overflows the dtype itself but not float64 (float64 tensors take the elementwise test)."""
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(4, 257, generator=generator).to(dtype)
+    cases = {"finite": base, "largest": torch.full((1000,), torch.finfo(dtype).max, dtype=dtype)}
+    for name, values in {"nan": [float("nan")], "inf": [float("inf")], "-inf": [float("-inf")],
+                         "inf and -inf": [float("inf"), float("-inf")]}.items():
+        poisoned = base.clone().flatten()
+        poisoned[torch.randperm(poisoned.numel(), generator=generator)[: len(values)]] = torch.tensor(
+            values, dtype=dtype
+        )
+        cases[name] = poisoned.reshape(base.shape)
+    for name, t in cases.items():
+        assert all_finite(t) == bool(torch.isfinite(t).all()), name
+    assert [name for name, t in cases.items() if not all_finite(t)] == ["nan", "inf", "-inf", "inf and -inf"]
 
 
 def test_non_finite_tensors_are_named():

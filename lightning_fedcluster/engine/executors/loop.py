@@ -111,6 +111,17 @@ def proximal_term(
     return total
 
 
+def seed_random_layers(seed: int, device: torch.device) -> None:
+    """Seed the generators a client's random layers (dropout etc.) draw from. On a CPU that is the
+    CPU generator alone: ``torch.manual_seed`` would also queue a seeding of every accelerator
+    generator, recording a stack trace each time (about 0.2 CPU-s a round for 30 clients inside a
+    Lightning fit), and the CPU numbers are the same either way."""
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 def start_turn(
     setup: LocalSetup,
     solver: LocalSolver,
@@ -127,7 +138,7 @@ def start_turn(
     (the client contract with one client), and its training metrics (``train_metric_sums``)."""
     release_free_heap()  # the last client's freed activations, so the heap cannot fragment and grow
     client, round_index = context.client, context.round_index
-    torch.manual_seed(derive_seed(setup.seed, round_index, client))  # dropout etc.: rank-independent
+    seed_random_layers(derive_seed(setup.seed, round_index, client), setup.device)  # rank-independent
     setup.copies.load((round_state.global_clusters, round_state.global_shared))
     if solver.layout is None:
         solver.optimizer.state.clear()

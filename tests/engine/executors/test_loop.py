@@ -54,3 +54,20 @@ def test_the_heap_is_released_before_every_client_turn(monkeypatch):
         MLPClassifier(in_features=6, num_classes=3, hidden=(8,)), datamodule=dm
     )
     assert len(calls) == 2 * len(splits)  # one per client turn, not per local step
+
+
+def test_seeding_a_clients_random_layers_on_a_cpu_draws_what_torch_manual_seed_draws(monkeypatch):
+    """On a CPU the client's seed goes to the CPU generator alone: dropout masks and any other CPU
+    draws equal those after ``torch.manual_seed``, and no accelerator generator is seeded (its
+    lazy seeding records a stack trace per call); on another device every generator is seeded."""
+    dropout = torch.nn.Dropout(0.5)
+    torch.manual_seed(1234)
+    expected = (dropout(torch.ones(64)), torch.rand(8))
+    torch.manual_seed(99)  # another state, which the seeding must replace
+    seeded_all: list[int] = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded_all.append)
+    loop.seed_random_layers(1234, torch.device("cpu"))
+    assert torch.equal(dropout(torch.ones(64)), expected[0]) and torch.equal(torch.rand(8), expected[1])
+    assert seeded_all == []
+    loop.seed_random_layers(1234, torch.device("cuda"))
+    assert seeded_all == [1234]
