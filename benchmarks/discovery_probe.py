@@ -318,14 +318,20 @@ def run(name: str, seed: int, rounds: int, diagnostics: bool, kind: str) -> dict
 
 def summarise(path: Path) -> None:
     """Per set and configuration in a record file: each seed's global accuracy (ARI, final K) and
-    the mean accuracy."""
+    the mean accuracy. A seed recorded more than once (a rerun with diagnostics) counts once; the
+    runs are deterministic, and a rerun that differs is flagged with "!"."""
     table: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for line in path.read_text().splitlines():
         record = json.loads(line)
         key = (record.get("rules", "linear"), record["config"], record["rounds"])
         table.setdefault(key, []).append(record)
-    for (rules, name, rounds), records in sorted(table.items()):
-        records.sort(key=lambda r: r["seed"])
+    for (rules, name, rounds), runs in sorted(table.items()):
+        by_seed: dict[int, dict[str, Any]] = {}
+        for run in runs:
+            first = by_seed.setdefault(run["seed"], run)
+            if (run["global"], run["ari"]) != (first["global"], first["ari"]):
+                first["seed"] = f"{run['seed']}!"
+        records = sorted(by_seed.values(), key=lambda r: str(r["seed"]))
         cells = " | ".join(
             f"{r['seed']}: {r['global']:.3f} ({r['ari']:.2f}, K {r['final_k']})" for r in records
         )
@@ -353,7 +359,7 @@ def signals(path: Path, before: int = 14) -> None:
         levels = sorted({r["prediction_within"] for r in early} | {r["prediction_between"] for r in early})
         placed = next((r["round"] for r in rows if r["ari"] >= 0.8), None)
         print(
-            f"{record['config']:<18} seed {record['seed']} | "
+            f"{record.get('rules', 'linear'):<6} {record['config']:<18} seed {record['seed']} | "
             + " | ".join(cells)
             + f" | prediction distances {[round(v, 2) for v in levels]} | omega ARI >= 0.8 from {placed}"
         )
