@@ -20,6 +20,8 @@ CROSS_CUTTING = {
     "tests/flower/test_new_algorithm.py": "the docs' one-file algorithm on Flower's grid",
     "tests/flower/test_docs_deployment.py": "the docs' deployment text, run verbatim on localhost",
     "tests/flower/test_deployment_faults.py": "the fault suite: a localhost deployment killed and poisoned",
+    "tests/flower/test_hugging_face_deployment.py": "SuperNodes loading Hugging Face partitions, deployed",
+    "tests/flower/test_round_numbers.py": "one round numbering: the console, TensorBoard, Flower's run files",
 }
 CROSS_CUTTING_FOLDERS = {
     "tests/docs": "the documentation site: its pages, links and commands",

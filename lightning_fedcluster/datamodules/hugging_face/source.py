@@ -179,12 +179,10 @@ class ColumnReader:
 
 
 def arrow_table(dataset: Any) -> Any:
-    """The ``pyarrow.Table`` of ``dataset``'s rows in their order (memory-mapped when the data set
-    was loaded from files): a data set with an indices mapping (``select``, ``shuffle``) is
-    flattened first."""
-    if getattr(dataset, "_indices", None) is not None:
-        dataset = dataset.flatten_indices()
-    return dataset.data.table
+    """The ``pyarrow.Table`` of ``dataset``'s rows in their order: a zero-copy slice of the
+    memory-mapped table when the data set was loaded from files, the rows an indices mapping
+    (``select``, ``shuffle``) points at, gathered, otherwise."""
+    return dataset.with_format("arrow")[0 : len(dataset)]
 
 
 def column_array(dataset: Any, column: str, rows: Any = None) -> np.ndarray:
@@ -192,13 +190,11 @@ def column_array(dataset: Any, column: str, rows: Any = None) -> np.ndarray:
     (``dataset[column]`` would convert it row by row)."""
     import pyarrow as pa
 
-    mapped = getattr(dataset, "_indices", None) is not None  # e.g. a partition: read through its rows
-    values = None if mapped else dataset.data.table.column(column)
-    if values is not None and rows is not None:
+    # through the data set's own row order (a partition's indices mapping included), in one call
+    table = arrow_table(dataset.select_columns([column]))
+    values = table.column(column)
+    if rows is not None:
         values = values.take(pa.array(np.asarray(rows, dtype=np.int64)))
-    if values is None:  # the Arrow rows the mapping points at, taken in one call
-        taken = dataset.with_format("arrow", columns=[column])
-        values = (taken[0 : len(dataset)] if rows is None else taken[list(rows)]).column(column)
     if pa.types.is_nested(values.type):
         formatted = dataset.with_format("numpy", columns=[column])
         batch = formatted[0 : len(dataset)] if rows is None else formatted[list(rows)]

@@ -1,4 +1,7 @@
-"""Bad input stops before training, naming the column or the client and the fix."""
+"""``FederatedDataModule.from_hugging_face``: bad input stops before training, naming the column
+or the client and the fix; and the same scenario from tensors and from a Hugging Face data set with
+the same partition trains to the same weights, bit for bit, with the training rows in memory or
+memory-mapped."""
 
 from __future__ import annotations
 
@@ -6,11 +9,15 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, NaturalIdPartitioner
 
+import lightning_fedcluster as lf
 from lightning_fedcluster.datamodules import FederatedDataModule, scenario_clients
 from lightning_fedcluster.datamodules.hugging_face import require_hf
 from lightning_fedcluster.flower.node import NodeConfigError, node_clients
+from lightning_fedcluster.models import MLPClassifier
+from tests.conftest import make_trainer
 from tests.datamodules.hugging_face.conftest import datasets, write_image_folder
 
 
@@ -82,3 +89,52 @@ def test_without_the_extra_the_message_names_it(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "flwr_datasets", None)  # import flwr_datasets raises ImportError
     with pytest.raises(ImportError, match=r"need the `hf` extra.*pip install \"lightning-fedcluster\[hf\]\""):
         require_hf()
+
+
+
+def dirichlet() -> DirichletPartitioner:
+    return DirichletPartitioner(8, "label", alpha=0.5, min_partition_size=10, seed=5)
+
+
+def trained(dm, executor: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    strategy = lf.FedRCStrategy(2, clients_per_round=4, local_steps=3, seed=0, executor=executor)
+    trainer = make_trainer(strategy, max_epochs=3, limit_val_batches=0)
+    trainer.fit(MLPClassifier(hidden=(16,)), datamodule=dm)
+    return [p.detach().clone() for p in trainer.lightning_module.parameters()]
+
+
+@pytest.mark.parametrize("executor", ["loop", "vectorized"])
+def test_tensors_and_a_hugging_face_set_with_the_same_partition_train_alike(
+    digits, executor, tmp_path
+) -> None:
+    x, y = digits
+    train, test = np.arange(1500), np.arange(1500, 1797)
+    source = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(
+                {"pixels": x[train].numpy(), "label": y[train].numpy(), "row": train}
+            ),
+            "test": datasets.Dataset.from_dict({"pixels": x[test].numpy(), "label": y[test].numpy()}),
+        }
+    )
+    reference = dirichlet()
+    reference.dataset = source["train"]
+    parts = [np.asarray(reference.load_partition(i)["row"]) for i in range(8)]  # its row ids
+    options = dict(concepts=2, corrupt_fraction=0.0, seed=3, batch_size=16)
+    from_tensors = FederatedDataModule.from_tensors(
+        x[train], y[train], partition=parts, global_test=(x[test], y[test]), **options
+    )
+    from_hf = FederatedDataModule.from_hugging_face(
+        source, features="pixels", label="label", partitioner=dirichlet(), test_split="test", **options
+    )
+    mapped = FederatedDataModule.from_hugging_face(
+        source, features="pixels", label="label", partitioner=dirichlet(), test_split="test",
+        memory_map=tmp_path, **options,
+    )  # fmt: skip
+    assert mapped.train_x.untyped_storage().filename == str(tmp_path / "train_x.f32")  # kept mapped
+    for i, rows in enumerate(parts):
+        np.testing.assert_array_equal(from_hf.source_rows[i], rows)
+    weights = trained(from_tensors, executor)
+    for dm in (from_hf, mapped):
+        assert all(torch.equal(a, b) for a, b in zip(weights, trained(dm, executor), strict=True))
