@@ -71,8 +71,13 @@ def simulation_node_wait(num_supernodes: int, num_cpus: int | None = None) -> fl
     """``simulate``'s default ``node_wait``: Ray runs one node's ClientApp per CPU it may use
     (``num_cpus``, default all), so the nodes start in ceil(nodes / CPUs) waves, each given
     ``NODE_START_WAIT`` seconds (4 nodes on 2 CPU cores: 600 s)."""
-    cpus = num_cpus or os.cpu_count() or 1
+    cpus = ray_cpus(num_cpus)
     return NODE_START_WAIT * math.ceil(num_supernodes / min(cpus, num_supernodes))
+
+
+def ray_cpus(num_cpus: int | None) -> int:
+    """The CPUs Ray may use for the nodes: ``num_cpus``, default all of the machine's."""
+    return num_cpus or os.cpu_count() or 1
 
 
 def simulate_apps(
@@ -81,7 +86,7 @@ def simulate_apps(
     """Run the ServerApp and ClientApp of ``apps`` in Flower's simulation runtime (Ray) on
     ``num_supernodes`` nodes, Ray on loopback unless ``ray_on_all_interfaces``; the trained module
     (``apps.server`` keeps the run's metrics)."""
-    init_args: dict[str, Any] = {"num_cpus": num_cpus or os.cpu_count() or 1, "log_to_driver": False}
+    init_args: dict[str, Any] = {"num_cpus": ray_cpus(num_cpus), "log_to_driver": False}
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
     network = contextlib.nullcontext() if ray_on_all_interfaces else ray_on_loopback()
     with network:

@@ -62,17 +62,11 @@ def parametrised_layers(model: nn.Module) -> list[nn.Module]:
     return [sub for sub in model.modules() if any(True for _ in sub.parameters(recurse=False))]
 
 
-def only_dense_layers(model: nn.Module) -> bool:
-    """Whether every layer that holds parameters is an ``nn.Linear`` (linear models, MLPs)."""
-    owners = parametrised_layers(model)
-    return bool(owners) and all(isinstance(sub, nn.Linear) for sub in owners)
-
-
 def model_kind(model: nn.Module) -> str:
     """``"dense"`` (only ``nn.Linear`` layers hold parameters), ``"convolutional"`` (only linear and
     convolution layers) or ``"other"``: the kinds of ``AUTO_RULE``."""
     owners = parametrised_layers(model)
-    if only_dense_layers(model):
+    if owners and all(isinstance(sub, nn.Linear) for sub in owners):
         return "dense"
     if owners and all(isinstance(sub, (nn.Linear, *CONVOLUTIONS)) for sub in owners):
         return "convolutional"
