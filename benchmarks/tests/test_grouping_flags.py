@@ -31,8 +31,8 @@ def test_the_flags_become_the_strategy_s_grouping_arguments():
         "group_release": 0.25, "group_release_rounds": 3,
     }  # fmt: skip
     rule = lf.FedRCStrategy(3, **options).algorithm
-    assert (rule.grouping.ramp, rule.grouping.retire) == (4, 0.1)
-    assert (rule.release.margin, rule.release.rounds) == (0.25, 3)
+    assert (rule.config.grouping.ramp, rule.config.grouping.retire) == (4, 0.1)
+    assert (rule.config.release.margin, rule.config.release.rounds) == (0.25, 3)
     assert "group_ramp" not in _options("--group-round", "20", "--group-hold", "10")
     assert "group_retire" not in _options("--group-round", "20", "--group-margin", "0.7")
     zero = _options("--group-round", "20", "--group-margin", "0.7", "--group-retire", "0")

@@ -4,19 +4,21 @@ FedRC's E-step divides each sample's likelihood by the cluster's label frequency
 clusters separate labelling rules (concepts) and not label mixes. ``use_label_stats=False`` is
 FedEM (C ≡ 1). Options from the FedRC paper's appendices: Adam on γ (App. H.3), Gaussian noise
 on the reported label sums (App. E), hard clustering in training (TrHC) and in prediction (TeHC).
-Adaptive cluster removal (App. F) is `clusters_to_remove` plus ``ClientState.remove_clusters``.
+The mechanisms that find the concepts (adaptive cluster removal, App. F, among them) are
+components (``algorithms/discovery``): built from ``FedRC.Config``'s options, or given
+(``components=``); the rule runs their client hooks after its E-step and their server hooks
+after each round.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from itertools import pairwise
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import Note, RemoveClusters, ServerAction
 from lightning_fedcluster.algorithms.base import (
     ClientContext,
     ClientReport,
@@ -26,32 +28,45 @@ from lightning_fedcluster.algorithms.base import (
     soft_e_step_of_clients,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
+from lightning_fedcluster.algorithms.discovery.protocol import Component
+from lightning_fedcluster.algorithms.discovery.runner import RunsComponents, turn_contributions, turn_plan
 from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
-from lightning_fedcluster.algorithms.grouping import held_report
-from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores, scores_entry
 from lightning_fedcluster.algorithms.mixture import label_statistics, label_sums
 from lightning_fedcluster.algorithms.protocols import ClientOutputs, LabelStatistics
-from lightning_fedcluster.algorithms.reseed import cluster_shares, reseed_split
-from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOutcome, ServerView
+from lightning_fedcluster.algorithms.reseed import cluster_shares
+from lightning_fedcluster.algorithms.server_view import ClientStoreView
 
 # FedRC-Adam defaults (App. H.3).
 ADAM_LR, ADAM_BETAS, ADAM_EPS = 1.0, (0.9, 0.99), 1e-8
 
 
-class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
+class FedRC(RunsComponents, SoftMixture, LabelStatistics, ClientOutputs):
     """FedRC's rules (and FedEM's: ``use_label_stats=False``); options in
     [`FedRCConfig`][lightning_fedcluster.algorithms.fedrc_config.FedRCConfig]
-    (``FedRC.Config``), e.g. ``FedRC(3, adam_gamma=True)`` or ``FedRC(3, config=FedRC.Config(...))``."""
+    (``FedRC.Config``), e.g. ``FedRC(3, adam_gamma=True)`` or ``FedRC(3, config=FedRC.Config(...))``.
+    ``components``: the discovery mechanisms to run instead of those the options build
+    (``FedRC.Config.components()``), in their order."""
 
     Config = FedRCConfig
     config: FedRCConfig
 
-    def __init__(self, num_clusters: int, config: FedRCConfig | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        num_clusters: int,
+        config: FedRCConfig | None = None,
+        *,
+        components: Sequence[Component] | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(num_clusters, config, **options)
-        self.grouping = self.config.grouping
-        self.release = self.config.release
-        self.merging = self.config.merging
-        self.retirement = self.config.retirement
+        built = self.config.components()
+        if components is not None and built:
+            named = ", ".join(type(c).__name__ for c in built)
+            raise ValueError(
+                f"components= and FedRC.Config's mechanism options (which build {named}) were both "
+                "given: pass the mechanisms one way, as components or as options"
+            )
+        self.use_components(built if components is None else components)
 
     @property
     def uses_label_stats(self) -> bool:  # type: ignore[override]
@@ -59,7 +74,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
 
     @property
     def uses_client_outputs(self) -> bool:  # type: ignore[override]
-        return self.grouping is not None
+        return any(component.wants_outputs for component in self.components)
 
     @property
     def hard_prediction(self) -> bool:  # type: ignore[override]
@@ -74,92 +89,19 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
             )
 
     def state_entries(self) -> tuple[StateEntry, ...]:
-        """FedRC-Adam keeps each sample's γ (a mixture) and its Adam moments, and each client's
-        Adam step count, between rounds; clients update and report them. Concept grouping keeps
-        each client's signature (and the hold's flags), merging and the hold's release its mean
-        score per cluster, the release its streak."""
+        """The components' entries (concept grouping keeps each client's signature and the hold's
+        flags, merging and the hold's release its mean score per cluster, the release its streak);
+        FedRC-Adam keeps each sample's γ (a mixture) and its Adam moments, and each client's Adam
+        step count, between rounds; clients update and report them."""
         if not self.config.adam_gamma:
-            grouping = () if self.grouping is None else self.grouping.state_entries()
-            release = () if self.release is None else self.release.state_entries()
-            scores = (scores_entry(self.num_clusters),) if self.wants_scores else ()
-            return grouping + release + scores
+            return self.component_entries()
         k = (self.num_clusters,)
-        return (
+        return self.component_entries() + (
             StateEntry("gamma", Scope.SAMPLE, k, reported=True, mixture=True),
             StateEntry("adam_m", Scope.SAMPLE, k, reported=True),
             StateEntry("adam_v", Scope.SAMPLE, k, reported=True),
             StateEntry("adam_steps", Scope.CLIENT, reported=True),
         )
-
-    @property
-    def wants_scores(self) -> bool:
-        """Whether clients report their mean E-step score per cluster (merging, the hold's release)."""
-        return self.merging is not None or self.release is not None
-
-    def clusters_to_remove(self, state: ClientState | ClientStoreView, sizes: Tensor) -> Tensor | None:
-        if self.config.removal_threshold is None:
-            return None
-        return clusters_to_remove(state.omega, sizes, state.seen, state.active, self.config.removal_threshold)
-
-    def after_round(self, server: ServerView) -> list[ServerAction]:
-        """Concept grouping when it is due; a merge of near-identical clusters; the retirement of
-        clusters no client owns; adaptive K (App. F): remove the clusters whose share of γ fell
-        below the threshold (from round ``removal_after`` on); or, with ``reseed_threshold``,
-        re-seed a dead cluster from the largest one. One decision a round, in that order; in a
-        round without a grouping pass, the hold's release (streaks, releases) comes before it."""
-        state, outcome = server.client_state, server.outcome
-        if self.grouping is not None:
-            grouped = self.grouping.actions(state, outcome.round_index)
-            if grouped:
-                return grouped
-        released = [] if self.release is None else self.release.actions(state, outcome, self.grouping)
-        return released + self._decision(state, outcome)
-
-    def _decision(self, state: ClientStoreView, outcome: RoundOutcome) -> list[ServerAction]:
-        """The round's one K decision after the grouping (see ``after_round``), or none."""
-        if self.merging is not None:
-            merged = self.merging.actions(state, outcome.train_sizes, outcome.round_index)
-            if merged:
-                return merged
-        if self.retirement is not None:
-            retired = self.retirement.actions(state, outcome.round_index)
-            if retired:
-                return retired
-        if self.config.reseed_threshold is not None:
-            return self._reseed(state, outcome)
-        if outcome.round_index < self.config.removal_after:
-            return []
-        remove = self.clusters_to_remove(state, outcome.train_sizes)
-        if remove is None or not bool(remove.any()):
-            return []
-        kept = int((state.active & ~remove).sum())
-        return [
-            RemoveClusters(remove),  # the store renormalises the declared mixtures (γ) with ω
-            Note(
-                f"round {outcome.round_index + 1}: removed cluster(s) {remove.nonzero().flatten().tolist()} "
-                f"(share of γ below the threshold); {kept} remain"
-            ),
-        ]
-
-    def _reseed(self, state: ClientStoreView, outcome: RoundOutcome) -> list[ServerAction]:
-        assert self.config.reseed_threshold is not None
-        split = reseed_split(
-            state.omega,
-            outcome.train_sizes,
-            state.seen,
-            state.active,
-            self.config.reseed_threshold,
-            self.config.reseed_seed,
-            outcome.round_index,
-        )
-        if split is None:
-            return []
-        note = Note(
-            f"round {outcome.round_index + 1}: re-seeded cluster {split.target} (share of γ below "
-            f"{self.config.reseed_threshold}) from cluster {split.source}, splitting its "
-            f"{split.clients.numel()} clients"
-        )
-        return [split, note]
 
     def noise_std(self, client: int) -> float:
         if isinstance(self.config.label_noise_std, (int, float)):
@@ -171,9 +113,7 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     ) -> ClientReport:
         stats = log_label_stats if self.config.use_label_stats else None
         report = super().e_step(losses, labels, context, stats)
-        if self.wants_scores:
-            context.extra[CLUSTER_SCORES] = client_scores(losses, labels, stats)
-        return self._client_side(report, labels, context)
+        return self._client_side(report, losses, labels, stats, context)
 
     def e_step_many(
         self,
@@ -183,34 +123,28 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         contexts: list[ClientContext],
         log_label_stats: Tensor | None,
     ) -> list[ClientReport]:
-        """The batched soft E-step, then each client's Adam step and label noise (as ``e_step``)."""
+        """The batched soft E-step, then each client's side of it (as ``e_step``)."""
         stats = log_label_stats if self.config.use_label_stats else None
         reports = soft_e_step_of_clients(losses, labels, offsets, contexts, stats)
-        if self.wants_scores:
-            for (a, b), context in zip(pairwise(offsets.tolist()), contexts, strict=True):
-                context.extra[CLUSTER_SCORES] = client_scores(losses[a:b], labels[a:b], stats)
         bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
         return [
-            self._client_side(report, labels[a:b], context)
+            self._client_side(report, losses[a:b], labels[a:b], stats, context)
             for report, (a, b), context in zip(reports, bounds, contexts, strict=True)
         ]
 
-    def _client_side(self, report: ClientReport, labels: Tensor, context: ClientContext) -> ClientReport:
-        """What follows the soft E-step on the client: the concept signature (before the grouping),
-        FedRC-Adam's γ step and the label noise."""
-        grouping = self.grouping
-        if (
-            grouping is not None
-            and context.outputs is not None
-            and grouping.wants_signature(context.round_index)
-        ):
-            grouping.record_signature(context.outputs, labels, context.active, context.extra)
-        weight = None if grouping is None else grouping.hold_weight(context.round_index, context.extra)
-        if weight is not None:
-            omega = context.omega.to(report.gamma)
-            report = held_report(omega, context.active, labels, context.num_classes, report.gamma, weight)
+    def _client_side(
+        self,
+        report: ClientReport,
+        losses: Tensor,
+        labels: Tensor,
+        stats: Tensor | None,
+        context: ClientContext,
+    ) -> ClientReport:
+        """What follows the soft E-step on the client: FedRC-Adam's γ step, the components' client
+        hooks, then the label noise on what the client reports."""
         if self.config.adam_gamma:
             report = self._adam_step(report, labels, context)
+        report = self.run_components(report, losses, labels, stats, context)
         sigma = self.noise_std(context.client)
         if sigma > 0 and report.label_sums.numel():
             noise = torch.randn(report.label_sums.shape, generator=context.rng(), dtype=torch.float64)
@@ -241,6 +175,9 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
         )
 
     def local_plan(self, report: ClientReport, context: ClientContext) -> LocalPlan:
+        chosen = turn_plan(report)
+        if chosen is not None:
+            return chosen
         if self.config.hard_training:
             masked = torch.where(context.active.to(report.omega.device), report.omega, -torch.inf)
             return LocalPlan(clusters=(int(torch.argmax(masked)),))
@@ -249,22 +186,10 @@ class FedRC(SoftMixture, LabelStatistics, ClientOutputs):
     def contributions(
         self, report: ClientReport, plan: LocalPlan, context: ClientContext
     ) -> list[Contribution]:
-        """Each trained copy into its own cluster with weight N_i (the authors'), or N_i · ω_ik from
-        round ``omega_weighting_from`` on, so that a cluster moves at the rate of FedAvg over
-        its own clients instead of its share of the data times it; over ``omega_weighting_ramp``
-        rounds the weight goes from the one to the other, N_i · ((1 − α) + α · ω_ik), and α
-        stops at ``omega_weighting_strength``."""
-        start = self.config.omega_weighting_from
-        if start is None or context.round_index < start:
-            return super().contributions(report, plan, context)
-        ramp = self.config.omega_weighting_ramp
-        alpha = min(1.0, (context.round_index - start + 1) / (ramp + 1))
-        alpha *= self.config.omega_weighting_strength
-        omega = report.omega.tolist()
-        return [
-            Contribution(k, k, float(context.num_samples) * (1.0 - alpha + alpha * omega[k]))
-            for k in plan.clusters
-        ]
+        """Each trained copy into its own cluster with weight N_i (the authors'), or N_i · m_k with
+        the multipliers a component set (the ω weighting's)."""
+        weighed = turn_contributions(report, plan, context)
+        return super().contributions(report, plan, context) if weighed is None else weighed
 
     def log_label_stats(self, state: ClientState | ClientStoreView) -> Tensor | None:
         """log C_{y,k} from the latest label sums of every client seen so far (None for FedEM)."""

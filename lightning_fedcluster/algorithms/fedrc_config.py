@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lightning_fedcluster.algorithms.grouping import ConceptGrouping, check_grouping_values
 from lightning_fedcluster.algorithms.hold_release import HoldRelease, check_release_values
 from lightning_fedcluster.algorithms.merging import ClusterMerging
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
 from lightning_fedcluster.algorithms.retirement import ClusterRetirement
+
+if TYPE_CHECKING:
+    from lightning_fedcluster.algorithms.discovery.protocol import Component
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,33 @@ class FedRCConfig:
             "omega_weighting_from": self.omega_weighting_from,
         }
         return {name: value for name, value in named.items() if value is not None}
+
+    def components(self) -> tuple[Component, ...]:
+        """The mechanisms these options turn on, as components in the order FedRC runs them:
+        concept grouping, the hold's release, merging, retirement, re-seeding, removal (App. F),
+        the ω weighting of the copies (none: the paper's FedRC)."""
+        from lightning_fedcluster.algorithms.discovery import adapters
+
+        built: list[Component] = []
+        if self.grouping is not None:
+            built.append(adapters.GroupingStep(self.grouping))
+            if self.release is not None:
+                built.append(adapters.ReleaseStep(self.release, self.grouping))
+        if self.merging is not None:
+            built.append(adapters.MergingStep(self.merging))
+        if self.retirement is not None:
+            built.append(adapters.RetirementStep(self.retirement))
+        if self.reseed_threshold is not None:
+            built.append(adapters.ReseedStep(self.reseed_threshold, self.reseed_seed))
+        if self.removal_threshold is not None:
+            built.append(adapters.RemovalStep(self.removal_threshold, self.removal_after))
+        if self.omega_weighting_from is not None:
+            built.append(
+                adapters.WeightingStep(
+                    self.omega_weighting_from, self.omega_weighting_ramp, self.omega_weighting_strength
+                )
+            )
+        return tuple(built)
 
     @property
     def grouping(self) -> ConceptGrouping | None:

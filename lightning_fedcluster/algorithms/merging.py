@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note, ServerAction
-from lightning_fedcluster.algorithms.client_state import ClientState, Scope, StateEntry
+from lightning_fedcluster.algorithms.client_state import ClientState, StateEntry
+from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, client_scores, scores_entry
 from lightning_fedcluster.algorithms.reseed import cluster_shares
 from lightning_fedcluster.algorithms.server_view import ClientStoreView
 
-CLUSTER_SCORES = "cluster_scores"
+__all__ = ["CLUSTER_SCORES", "ClusterMerging", "client_scores", "closest_pair", "pair_gaps", "scores_entry"]
 
 
 @dataclass(frozen=True)
@@ -73,20 +74,6 @@ class ClusterMerging:
                 f"log-likelihood gap {gap:.3f} nats per sample is below {self.threshold})"
             ),
         ]
-
-
-def scores_entry(num_clusters: int) -> StateEntry:
-    """The client-store entry of each client's mean E-step score per cluster [K], reported (merging
-    and the hold's release read it)."""
-    return StateEntry(CLUSTER_SCORES, Scope.CLIENT, (num_clusters,), reported=True)
-
-
-def client_scores(losses: Tensor, labels: Tensor, log_label_stats: Tensor | None) -> Tensor:
-    """A client's mean E-step score per cluster [K]: mean_j (−f_jk − log C_{y_j,k})."""
-    scores = -losses.to(torch.float64)
-    if log_label_stats is not None:
-        scores = scores - log_label_stats.to(scores)[labels]
-    return scores.mean(0)
 
 
 def pair_gaps(

@@ -75,6 +75,7 @@ class ServerView:
     ``ClientStoreView``, with this round's reports recorded). ``active`` [K]: the alive clusters.
     ``cluster_tensors(k)``: cluster k's global model as its federated tensors (parameters and
     float buffers, shared layers excluded); ``cluster_vector(k)``: the same as one flat vector.
+    ``num_rounds``: the run's rounds (``max_epochs``, or a Flower run's rounds; None: unbounded).
     """
 
     def __init__(
@@ -82,8 +83,10 @@ class ServerView:
         outcome: RoundOutcome,
         client_state: ClientState | ClientStoreView,
         global_clusters: Sequence[Sequence[Tensor]],
+        num_rounds: int | None = None,
     ) -> None:
         self.outcome = outcome
+        self.num_rounds = num_rounds
         self.client_state = (
             client_state if isinstance(client_state, ClientStoreView) else ClientStoreView(client_state)
         )

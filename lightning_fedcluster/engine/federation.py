@@ -279,7 +279,7 @@ class RoundDriver:
             round_state.apply(self.plan.server_lr, self.state.server_optimizer)
             server_step.record_round(rule, state, round_state, self.clients.offsets)
             outcome = server_step.round_outcome(round_state, self.clients.train_sizes)
-            view = ServerView(outcome, state, round_state.global_clusters)
+            view = ServerView(outcome, state, round_state.global_clusters, self.num_rounds)
             self.apply(rule.after_round(view), round_state.global_clusters)
         else:
             self.warn(

@@ -27,6 +27,7 @@ from lightning_fedcluster.algorithms.mixture import (
     mixture_from_responsibilities,
     responsibilities,
 )
+from lightning_fedcluster.algorithms.server_view import RoundOutcome
 from tests.helpers.algorithms import (
     C_STATS,
     F64,
@@ -41,6 +42,7 @@ from tests.helpers.algorithms import (
     ctx,
     fixed_point_map,
     plain_ctx,
+    server_view,
     store,
     t,
 )
@@ -131,9 +133,8 @@ def test_removal_waits_for_removal_after_then_removes_as_by_hand():
     def decide(round_index: int) -> list:
         state = ClientState(omega=omega.clone(), label_sums=torch.ones(3, 2, 3, dtype=F64), seen=seen)
         sizes = torch.tensor([10, 30, 1000])
-        outcome = type("Outcome", (), {"round_index": round_index, "train_sizes": sizes})
-        view = type("View", (), {"client_state": state, "outcome": outcome})
-        return rule.after_round(view)
+        outcome = RoundOutcome(round_index, torch.tensor([0, 1]), omega[:2], sizes[:2], sizes)
+        return rule.after_round(server_view(state, outcome))
 
     assert decide(4) == []  # round index 4 < removal_after: no removal, although cluster 2 is below δ
     removal, note = decide(5)
@@ -320,12 +321,19 @@ def _round_context(round_index: int, num_samples: int = 40) -> ClientContext:
     return replace(plain_ctx([1 / 3] * 3, 2, num_samples, client=1), round_index=round_index)
 
 
+def _weighed(rule: FedRC, context: ClientContext) -> list[Contribution]:
+    """The contributions after the rule's components saw the report (the ω weighting's client hook)."""
+    nothing = torch.empty(0, 3, dtype=F64)
+    report = rule.run_components(WEIGHTING_REPORT, nothing, torch.empty(0, dtype=torch.long), None, context)
+    return rule.contributions(report, WEIGHTING_PLAN, context)
+
+
 def test_from_its_round_each_trained_copy_weighs_n_times_its_omega():
     rule = FedRC(3, omega_weighting_from=5)
-    before = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index=4))
+    before = _weighed(rule, _round_context(round_index=4))
     assert before == [Contribution(0, 0, 40.0), Contribution(2, 2, 40.0)]  # FedRC's N_i
     for round_index in (5, 9):
-        got = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index))
+        got = _weighed(rule, _round_context(round_index))
         assert got == [Contribution(0, 0, pytest.approx(36.0)), Contribution(2, 2, pytest.approx(4.0))]
 
 
@@ -335,7 +343,7 @@ def test_a_ramp_moves_each_weight_from_n_to_n_times_omega_in_equal_steps():
     expected = {4: (40.0, 40.0), 5: (39.0, 31.0), 6: (38.0, 22.0), 7: (37.0, 13.0)}
     expected |= {8: (36.0, 4.0), 20: (36.0, 4.0)}
     for round_index, (first, third) in expected.items():
-        got = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index))
+        got = _weighed(rule, _round_context(round_index))
         assert got == [Contribution(0, 0, pytest.approx(first)), Contribution(2, 2, pytest.approx(third))]
 
 
@@ -343,25 +351,25 @@ def test_a_ramp_of_zero_is_the_weighting_from_its_first_round():
     plain, ramped = FedRC(3, omega_weighting_from=5), FedRC(3, omega_weighting_from=5, omega_weighting_ramp=0)
     for round_index in (4, 5, 6):
         context = _round_context(round_index)
-        assert ramped.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, context) == plain.contributions(
-            WEIGHTING_REPORT, WEIGHTING_PLAN, context
-        )
+        assert _weighed(ramped, context) == _weighed(plain, context)
 
 
 def test_a_strength_stops_alpha_there_with_or_without_a_ramp():
     # strength 1/2: weight 40 · (1/2 + ω_ik/2); with ramp 1, α = 1/4 in round 5, then 1/2
     strong = FedRC(3, omega_weighting_from=5, omega_weighting_strength=0.5)
     ramped = FedRC(3, omega_weighting_from=5, omega_weighting_ramp=1, omega_weighting_strength=0.5)
-    for rule, expected in ((strong, {4: (40.0, 40.0), 5: (38.0, 22.0), 9: (38.0, 22.0)}),
-                           (ramped, {4: (40.0, 40.0), 5: (39.0, 31.0), 6: (38.0, 22.0), 9: (38.0, 22.0)})):
+    for rule, expected in (
+        (strong, {4: (40.0, 40.0), 5: (38.0, 22.0), 9: (38.0, 22.0)}),
+        (ramped, {4: (40.0, 40.0), 5: (39.0, 31.0), 6: (38.0, 22.0), 9: (38.0, 22.0)}),
+    ):
         for round_index, (first, third) in expected.items():
-            got = rule.contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, _round_context(round_index))
+            got = _weighed(rule, _round_context(round_index))
             assert got == [Contribution(0, 0, pytest.approx(first)), Contribution(2, 2, pytest.approx(third))]
 
 
 def test_off_by_default_every_copy_weighs_n():
     context = _round_context(round_index=50, num_samples=7)
-    got = FedRC(3).contributions(WEIGHTING_REPORT, WEIGHTING_PLAN, context)
+    got = _weighed(FedRC(3), context)
     assert got == [Contribution(0, 0, 7.0), Contribution(2, 2, 7.0)]
 
 

@@ -534,4 +534,4 @@ def test_group_retire_is_checked():
         ConceptGrouping(group_round=3, retire=0.1)
     with pytest.raises(ValueError, match="group_retire=0.1 has no effect without group_round"):
         FedRC(3, group_retire=0.1)
-    assert FedRC(3, group_round=3, group_retire=0).grouping.retire == 0
+    assert FedRC(3, group_round=3, group_retire=0).config.grouping.retire == 0

@@ -12,6 +12,7 @@ from lightning_fedcluster.algorithms.actions import Note, RemoveClusters
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.retirement import ClusterRetirement, cluster_owners, unowned_clusters
+from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
 from tests.helpers.weights import assert_same_fit
 
 F64 = torch.float64
@@ -98,11 +99,9 @@ def test_fedrc_after_round_returns_the_retirement_when_it_is_due():
     state = _state()
     rule = FedRC(4, retire_after=0)
 
-    class View:
-        client_state = state
-        outcome = type("Outcome", (), {"round_index": 0, "train_sizes": torch.tensor([10] * 5)})()
-
-    remove, _ = rule.after_round(View())
+    sizes = torch.tensor([10] * 5)
+    outcome = RoundOutcome(0, torch.arange(5), state.omega, sizes, sizes)
+    remove, _ = rule.after_round(ServerView(outcome, state, []))
     assert remove.mask.tolist() == [False, False, True, False]
 
 
@@ -119,7 +118,7 @@ def test_fedrc_after_round_returns_the_retirement_when_it_is_due():
 def test_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
         FedRC(4, **options)
-    assert FedRC(4, retire_after=5, group_round=5).retirement == ClusterRetirement(5)
+    assert FedRC(4, retire_after=5, group_round=5).config.retirement == ClusterRetirement(5)
 
 
 def _fit(rounds: int, executor: str = "loop", **trainer_options):
