@@ -1,0 +1,56 @@
+"""``ConceptDiscovery``: one policy for finding the concepts, from an upper bound on K, on any run.
+
+Two numbers, each meaningful without knowing the run:
+
+- ``min_share``: the smallest share of the rows a concept must hold to keep a model of its own
+  (a group below it gets no cluster; a cluster below it is removed);
+- ``gap``: the log-likelihood gap, in nats per sample, that tells two concepts apart (a client
+  is placed on a cluster that fits it by this much better, relative to the other clients, than any
+  other; two clusters whose members fit both within it are one concept).
+
+Every decision is fired by what the run measures, never by a round number: the concept grouping
+when the prediction signatures separate and stay put (``signature_trigger.py``), a client's
+placement when its fit says so (``placement.py``), the K events when the assignments have settled
+(``settled_events.py``). The only bounds are fractions of the run. Where no signal fires the run
+is FedRC's. ``FedRCStrategy(num_clusters, discovery=ConceptDiscovery())``; ``discovery=None`` is
+the paper's FedRC exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_fedcluster.algorithms.discovery.placement import Placement
+from lightning_fedcluster.algorithms.discovery.protocol import Component
+from lightning_fedcluster.algorithms.discovery.settled_events import SettledEvents
+from lightning_fedcluster.algorithms.discovery.signature_trigger import SignatureGrouping
+
+
+@dataclass(frozen=True)
+class ConceptDiscovery:
+    """Find the concepts from ``num_clusters`` as an upper bound (module docstring).
+
+    Args:
+        min_share: the share of the rows, in (0, 0.5), a concept needs for a model of its own.
+        gap: nats per sample, > 0: the likelihood gap between two concepts.
+    """
+
+    min_share: float = 0.05
+    gap: float = 0.1
+
+    def __post_init__(self) -> None:
+        share = self.min_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 0.5:
+            raise ValueError(f"min_share must be a share of the rows in (0, 0.5) (e.g. 0.05), got {share!r}")
+        gap = self.gap
+        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0:
+            raise ValueError(f"gap must be > 0 (nats per sample, e.g. 0.1), got {gap!r}")
+
+    def components(self) -> tuple[Component, ...]:
+        """The mechanisms, in the order the server runs them after a round: placement first (its
+        bookkeeping), then the grouping (which may place clients over it), then the K events."""
+        return (
+            Placement(),
+            SignatureGrouping(self.min_share),
+            SettledEvents(self.gap, self.min_share),
+        )

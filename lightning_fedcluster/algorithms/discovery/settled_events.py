@@ -1,0 +1,109 @@
+"""K events once the assignments have settled: merge two clusters of one concept, remove an empty one.
+
+Starting from more clusters than concepts, some clusters end up holding the same concept (or
+nobody). Deciding that early is what merged concepts and retired clusters wholesale in the
+round-number recipe (``benchmarks/results/discovery_off_cells.md``): before the models have
+specialised, every pair of clusters looks alike. So these events wait for three signals:
+
+- the concept grouping has fired or given up (``signature_trigger.py``);
+- the run is at least ``RUN_SHARE`` through (a fraction of the trainer's ``max_epochs``; with an
+  unbounded run, every seen client has taken part ``TURNS_SEEN`` times);
+- the assignments have settled: at least ``PLACED_SHARE`` of the seen clients are placed
+  (``placement.py``; or two thirds of the run are done, where nothing places them, one concept
+  for one) and at most ``MAX_MOVED`` of them were placed or moved in the last ``QUIET_ROUNDS``
+  rounds.
+
+Then, at most one event a round: the two clusters whose members fit both within ``gap`` nats per
+sample merge (``merging.py``'s gap; the one explaining less of the data goes into the other), or
+else the alive cluster with the smallest share of the rows is removed when that share is below
+``min_share``. One at a time, each on its own evidence, so no round removes more than it measured.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_fedcluster.algorithms.actions import MergeClusters, Note, RemoveClusters, ServerAction
+from lightning_fedcluster.algorithms.discovery.placement import PLACED, PLACED_AT
+from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, Component, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.signature_trigger import DONE, RUN_SHARE
+from lightning_fedcluster.algorithms.merging import closest_pair
+from lightning_fedcluster.algorithms.reseed import cluster_shares
+
+QUIET_ROUNDS = 3
+PLACED_SHARE = 0.8  # the share of the seen clients placed before K events (or LATE_SHARE of the run)
+LATE_SHARE = 2 / 3
+MAX_MOVED = 0.1
+TURNS_SEEN = 3  # an unbounded run: participations of every seen client before any K event
+
+
+def settled(view: DiscoveryView) -> tuple[bool, str]:
+    """Whether K events may fire after this round, and the signal that says so (or why not)."""
+    state, round_index = view.state, view.round_index
+    if DONE in state.extra and bool((state.extra[DONE] == 0).any()):
+        return False, "the concept grouping is still watching"
+    if view.num_rounds is not None:
+        if round_index + 1 < RUN_SHARE * view.num_rounds:
+            return False, "less than a third of the run is done"
+    elif int(state.seen.sum()) == 0 or round_index + 1 < TURNS_SEEN * state.num_clients / max(
+        1, int(view.server.outcome.clients.numel())
+    ):
+        return False, "the clients have not taken part often enough"
+    seen = state.seen
+    placed = float((seen & (state.extra[PLACED] >= 0)).double().sum()) / max(1, int(seen.sum()))
+    late = view.num_rounds is not None and round_index + 1 >= LATE_SHARE * view.num_rounds
+    if placed < PLACED_SHARE and not late:
+        return False, f"{placed:.0%} of the clients are placed"
+    moved_at = state.extra[PLACED_AT]
+    recent = seen & (state.extra[PLACED] >= 0) & (moved_at > round_index + 1 - QUIET_ROUNDS)
+    moved = float(recent.double().sum()) / max(1, int(seen.sum()))
+    if moved > MAX_MOVED:
+        return False, f"{moved:.0%} of the clients moved in the last {QUIET_ROUNDS} rounds"
+    return True, f"{moved:.0%} of the clients moved in the last {QUIET_ROUNDS} rounds"
+
+
+class SettledEvents(Component):
+    """Merge or remove one cluster a round once the assignments have settled (module docstring)."""
+
+    decisive = True
+    wants_scores = True
+
+    def __init__(self, gap: float, min_share: float) -> None:
+        self.gap, self.min_share = gap, min_share
+
+    def actions(self, view: DiscoveryView) -> list[ServerAction]:
+        state, outcome = view.state, view.server.outcome
+        if int(state.active.sum()) < 2:
+            return []
+        ok, why = settled(view)
+        if not ok:
+            return []
+        sizes, omega, seen, active = outcome.train_sizes, state.omega, state.seen, state.active
+        round_number = outcome.round_index + 1
+        found = closest_pair(omega, state.extra[CLUSTER_SCORES], sizes, seen, active)
+        share = cluster_shares(omega, sizes, seen)
+        if found is not None and found[0] < self.gap:
+            gap, first, second = found
+            target, source = (
+                (first, second) if float(share[first]) >= float(share[second]) else (second, first)
+            )
+            return [
+                MergeClusters(target=target, source=source),
+                Note(
+                    f"round {round_number}: merged cluster {source} into cluster {target} (their members fit "
+                    f"both within {gap:.3f} nats per sample, below {self.gap}; {why})"
+                ),
+            ]
+        masked = torch.where(active, share, torch.full_like(share, torch.inf))
+        smallest = int(masked.argmin())
+        if float(share[smallest]) >= self.min_share:
+            return []
+        mask = torch.zeros_like(active)
+        mask[smallest] = True
+        return [
+            RemoveClusters(mask),
+            Note(
+                f"round {round_number}: removed cluster {smallest} (it explains {float(share[smallest]):.1%} "
+                f"of the rows, below {self.min_share:.0%}; {why}); {int(active.sum()) - 1} remain"
+            ),
+        ]

@@ -1,0 +1,62 @@
+"""discovery/settled_events.py: one K event a round, once the assignments have settled."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_fedcluster.algorithms.actions import MergeClusters, Note, RemoveClusters
+from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.discovery.placement import PLACED, PLACED_AT, Placement
+from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.settled_events import SettledEvents, settled
+from lightning_fedcluster.algorithms.discovery.signature_trigger import DONE, SignatureGrouping
+from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
+from tests.helpers.algorithms import t
+
+# Clients 0-3 (10 rows each) own cluster 0, 1, 1, 2; cluster 3 holds 2 % of the rows. Clusters 0
+# and 1 fit their members alike (gap (0.05 * 3) / 3 = 0.05); cluster 2 is far from both.
+OMEGA = [[0.97, 0.0, 0.0, 0.03], [0.0, 0.97, 0.0, 0.03], [0.0, 0.99, 0.0, 0.01], [0.0, 0.0, 1.0, 0.0]]
+SCORES = [[-1.0, -1.05, -4.0, -5.0], [-1.05, -1.0, -4.0, -5.0], [-1.05, -1.0, -4.0, -5.0],
+          [-4.0, -4.0, -1.0, -5.0]]  # fmt: skip
+
+
+def _view(round_index: int, *, done: float = 2.0, moved_at: float = 1.0, num_rounds: int | None = 30):
+    entries = SignatureGrouping(0.05).state_entries(4) + Placement().state_entries(4)
+    state = ClientState.initial(4, 2, 4, entries)
+    state.seen[:] = True
+    state.omega = t(OMEGA)
+    state.extra[CLUSTER_SCORES] = t(SCORES)
+    state.extra[DONE][:] = done
+    state.extra[PLACED] = t([0.0, 1.0, 1.0, 2.0])
+    state.extra[PLACED_AT][:] = moved_at
+    outcome = RoundOutcome(
+        round_index, torch.arange(4), state.omega.clone(), torch.ones(4), torch.full((4,), 10)
+    )
+    return DiscoveryView(ServerView(outcome, state, [[torch.zeros(1)]] * 4), num_rounds=num_rounds)
+
+
+def test_no_event_before_a_third_of_the_run_while_the_grouping_watches_or_while_clients_move():
+    assert settled(_view(8))[0] is False  # round 9 of 30
+    assert settled(_view(9))[0] is True  # round 10 of 30
+    assert settled(_view(20, done=0.0))[0] is False
+    ok, why = settled(_view(20, moved_at=20.0))  # all four placed in the last three rounds
+    assert ok is False and "100%" in why
+    assert SettledEvents(gap=0.1, min_share=0.05).actions(_view(8)) == []
+
+
+def test_the_pair_within_the_gap_merges_first_the_smaller_into_the_larger():
+    merge, note = SettledEvents(gap=0.1, min_share=0.05).actions(_view(20))
+    assert isinstance(merge, MergeClusters) and (merge.target, merge.source) == (1, 0)
+    assert isinstance(note, Note) and "0.050 nats" in note.text
+
+
+def test_without_a_pair_to_merge_the_smallest_cluster_under_the_share_is_removed_alone():
+    remove, note = SettledEvents(gap=0.04, min_share=0.05).actions(_view(20))
+    assert isinstance(remove, RemoveClusters) and remove.mask.tolist() == [False, False, False, True]
+    assert "removed cluster 3 (it explains 1.7% of the rows, below 5%" in note.text  # (0.03 + 0.03 + 0.01) / 4
+    assert SettledEvents(gap=0.04, min_share=0.01).actions(_view(20)) == []
+
+
+def test_an_unbounded_run_waits_for_every_client_to_take_part_three_times():
+    assert settled(_view(1, num_rounds=None))[0] is False
+    assert settled(_view(5, num_rounds=None))[0] is True  # 3 rounds x 4 of 4 clients, quiet since
