@@ -53,7 +53,8 @@ def test_the_pair_within_the_gap_merges_first_the_smaller_into_the_larger():
 def test_without_a_pair_to_merge_the_smallest_cluster_under_the_share_is_removed_alone():
     remove, note = SettledEvents(gap=0.04, min_share=0.05).actions(_view(20))
     assert isinstance(remove, RemoveClusters) and remove.mask.tolist() == [False, False, False, True]
-    assert "removed cluster 3 (it explains 1.7% of the rows, below 5%" in note.text  # (0.03 + 0.03 + 0.01) / 4
+    # (0.03 + 0.03 + 0.01) / 4 = 1.75 %, rounded in binary below it
+    assert "removed cluster 3 (it explains 1.7% of the rows, below 5%" in note.text
     assert SettledEvents(gap=0.04, min_share=0.01).actions(_view(20)) == []
 
 
