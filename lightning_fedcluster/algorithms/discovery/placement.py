@@ -10,9 +10,12 @@ evidence:
 
 - after each round the server compares every reporting client's mean score per cluster (the
   E-step's mean −loss − log C per sample) *relative to the other reporting clients'* (minus each
-  cluster's median), so a model that fits everyone better gains nobody a margin;
-- a client whose best relative fit beats the second by at least ``gap`` nats per sample in two
-  participations in a row, on the same cluster, is placed there (or moved there);
+  cluster's median), so a model that fits everyone better gains nobody a lead;
+- a client whose best relative fit is on the same cluster in two participations in a row is
+  placed there (or moved there): the repetition, not a size of lead, is the guard against noise
+  (a lead of 0.01–0.1 nats per sample placed the clients of rule concepts 10–40 rounds later);
+- while the concept grouping watches the prediction signatures (``signature_trigger.py``) nobody
+  is placed: the grouping places first;
 - a placed client's samples all get γ = 1 on its cluster and it trains that copy alone, after a
   short ramp (``RAMP`` participations of α·one-hot + (1 − α)·γ, α = h / (RAMP + 1)) so that a
   cluster handed samples it had not fitted does not take one large step;
@@ -47,7 +50,8 @@ PLACED_AT = "placed_round"  # the round index of its first placed E-step (for th
 PLACED_TURNS = "placed_turns"  # its participations since it was placed
 CONFIRMED = "placed_confirmed"  # 1: free to move (placed on its fit, or its fit confirmed it)
 CANDIDATE = "place_candidate"  # the cluster its last participation's fit pointed to (-1: none)
-STREAK = "place_streak"  # participations in a row its fit pointed to CANDIDATE by the gap
+WATCHING = "grouping_done"  # the signature grouping's flag: 0 while it still watches
+STREAK = "place_streak"  # participations in a row its best relative fit was on CANDIDATE
 RAMP = 3  # placed participations over which γ goes from the E-step's to one-hot
 HOLD_TURNS = 10  # a grouped client is held at most this many participations against its fit
 TURNS_IN_A_ROW = 2  # participations in a row a fit must point to a cluster before a placement
@@ -97,6 +101,8 @@ class Placement(Component):
         clients = outcome.clients.to("cpu", torch.long)
         if clients.numel() < 3 or int(state.active.sum()) < 2:
             return []
+        if WATCHING in state.extra and bool((state.extra[WATCHING] == 0).any()):
+            return []  # the concept grouping still watches the signatures: it places first
         extra = {
             name: state.extra[name]
             for name in (PLACED, PLACED_AT, PLACED_TURNS, CONFIRMED, CANDIDATE, STREAK)
