@@ -14,9 +14,9 @@ from torch import Tensor
 
 from lightning_fedcluster.algorithms.assignment import assignment_report
 from lightning_fedcluster.algorithms.base import ClientContext, ClientReport, ClientRule
+from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, client_scores
 from lightning_fedcluster.algorithms.fedrc import FedRC
 from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
-from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
 
 
 class AnnealedFedRC(FedRC):

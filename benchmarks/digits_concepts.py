@@ -40,7 +40,7 @@ from _common import add_grouping_arguments, grouping_options, make_trainer
 from _takeoff_variants import anneal
 
 from lightning_fedcluster import FedRCStrategy
-from lightning_fedcluster.algorithms.reseed import cluster_shares
+from lightning_fedcluster.algorithms.discovery.protocol import cluster_shares
 from lightning_fedcluster.callbacks.takeoff_diagnostics import TakeoffDiagnostics
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier

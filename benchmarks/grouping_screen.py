@@ -5,7 +5,7 @@ Reads the signatures a ``TakeoffDiagnostics(keep_signatures=True)`` run recorded
 run --diagnostics DIR``) and, for each listed round, groups the clients as ``group_round`` would
 at that row (the grouping with ``group_round=T`` uses the signatures of round T's E-step, from the
 models after round T − 1: the recording's row T − 1), with the library's own functions
-(``algorithms/grouping.py``):
+(``algorithms/discovery/grouping.py``):
 
 - ``medoid``: k-medoids of all clients (the library's default grouping);
 - ``mean``: k-medoids refined by the mean distance to each group's members, weighted by the labels a

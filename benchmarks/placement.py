@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _takeoff import TAKE_OFF_ARI  # noqa: E402
 
-from lightning_fedcluster.algorithms.hold_release import release_margins  # noqa: E402
+from lightning_fedcluster.algorithms.discovery.release import release_margins  # noqa: E402
 from lightning_fedcluster.metrics.clustering import grouping_ari, misplaced_clients  # noqa: E402
 
 ARI_ROUNDS = (15, 20, 25, 30)

@@ -90,7 +90,7 @@ def execute(job: Job, settings: Settings) -> dict[str, Any]:
     from authors_comparison import authors_model, make_strategy, read
 
     from lightning_fedcluster import FedAvgStrategy
-    from lightning_fedcluster.algorithms.reseed import cluster_shares
+    from lightning_fedcluster.algorithms.discovery.protocol import cluster_shares
 
     quiet()
     set_threads(settings.threads)  # with OMP_NUM_THREADS, or the launcher resets it to the cores

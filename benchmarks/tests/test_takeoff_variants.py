@@ -11,7 +11,7 @@ from _takeoff_variants import TrueConceptFedRC, true_concepts
 from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms.base import ClientContext
-from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES, client_scores
+from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, client_scores
 
 
 def _context(client: int, num_samples: int, round_index: int = 4) -> ClientContext:

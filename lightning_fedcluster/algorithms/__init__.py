@@ -8,8 +8,9 @@ protocols in [`protocols`][lightning_fedcluster.algorithms.protocols], what the 
 ([`server_view`][lightning_fedcluster.algorithms.server_view]) and return
 ([`actions`][lightning_fedcluster.algorithms.actions]), and the client store with its declared entries
 ([`client_state`][lightning_fedcluster.algorithms.client_state]). Shared
-by all: server optimizers (`server_optimizer`); FedRC's optional re-seeding of dead clusters
-is `reseed`.
+by all: server optimizers (`server_optimizer`). The mechanisms that find the concepts (concept
+grouping, merging, retirement, removal, re-seeding, the ω weighting) are components that a rule
+runs in order ([`discovery`][lightning_fedcluster.algorithms.discovery]).
 """
 
 from lightning_fedcluster.algorithms.base import (

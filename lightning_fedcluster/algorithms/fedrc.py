@@ -33,7 +33,6 @@ from lightning_fedcluster.algorithms.discovery.runner import RunsComponents, tur
 from lightning_fedcluster.algorithms.fedrc_config import FedRCConfig
 from lightning_fedcluster.algorithms.mixture import label_statistics, label_sums
 from lightning_fedcluster.algorithms.protocols import ClientOutputs, LabelStatistics
-from lightning_fedcluster.algorithms.reseed import cluster_shares
 from lightning_fedcluster.algorithms.server_view import ClientStoreView
 
 # FedRC-Adam defaults (App. H.3).
@@ -218,19 +217,3 @@ def adam_gamma_step(
     # A row that Adam drove to all zeros falls back to the E-step's γ̃ for that sample.
     gamma = torch.where(total > 0, gamma / total.clamp_min(torch.finfo(gamma.dtype).tiny), target)
     return gamma, m, v
-
-
-def clusters_to_remove(
-    omega: Tensor, sizes: Tensor, seen: Tensor, active: Tensor, threshold: float
-) -> Tensor:
-    """Adaptive K (FedRC App. F): active clusters whose share (1/N) Σ_{i,j} γ_{ij;k} = Σ_i N_i ω_ik / Σ_i N_i
-    over the clients seen so far is below ``threshold``. Never removes the last active cluster
-    (the largest share survives). Returns a [K] bool mask of clusters to remove."""
-    if not bool(seen.any()):
-        return torch.zeros_like(active)
-    share = cluster_shares(omega, sizes, seen)
-    remove = active & (share < threshold)
-    if bool(remove.sum() == active.sum()):
-        keep = int(torch.argmax(torch.where(active, share, torch.full_like(share, -1.0))))
-        remove[keep] = False
-    return remove

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from lightning_fedcluster.algorithms.grouping import ConceptGrouping, check_grouping_values
-from lightning_fedcluster.algorithms.hold_release import HoldRelease, check_release_values
-from lightning_fedcluster.algorithms.merging import ClusterMerging
+from lightning_fedcluster.algorithms.discovery.grouping import ConceptGrouping, check_grouping_values
+from lightning_fedcluster.algorithms.discovery.merging import ClusterMerging
+from lightning_fedcluster.algorithms.discovery.protocol import Component
+from lightning_fedcluster.algorithms.discovery.release import HoldRelease, check_release_values
+from lightning_fedcluster.algorithms.discovery.removal import ClusterRemoval
+from lightning_fedcluster.algorithms.discovery.reseed import ClusterReseed
+from lightning_fedcluster.algorithms.discovery.retirement import ClusterRetirement
+from lightning_fedcluster.algorithms.discovery.weighting import OmegaWeighting
 from lightning_fedcluster.algorithms.mixture import LABEL_STATS_FLOOR
-from lightning_fedcluster.algorithms.retirement import ClusterRetirement
-
-if TYPE_CHECKING:
-    from lightning_fedcluster.algorithms.discovery.protocol import Component
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class FedRCConfig:
         reseed_seed: seeds the random half of clients a re-seeding moves (a strategy passes its
             ``seed``).
         group_round: concept grouping, a take-off mechanism
-            ([`grouping`][lightning_fedcluster.algorithms.grouping], ours; off by
+            ([`grouping`][lightning_fedcluster.algorithms.discovery.grouping], ours; off by
             default and in the paper presets): in the rounds before it, clients compute a
             label-conditioned prediction signature in their E-step; after round ``group_round``
             the server groups them by k-medoids and gives each group's clients ω ``group_share``
@@ -61,8 +61,8 @@ class FedRCConfig:
         group_assign: "medoid" (k-medoids' groups, the default) or "mean": each client then moves
             to the group whose members are closest on average, weighted by the labels the two
             share, which keeps clients with noisy signatures (corrupted images, few shared
-            labels) from dragging a group ([`grouping`][lightning_fedcluster.algorithms.grouping]; needs
-            ``group_round``).
+            labels) from dragging a group
+            ([`grouping`][lightning_fedcluster.algorithms.discovery.grouping]; needs ``group_round``).
         group_margin: e.g. 0.7: group only the clients whose best group score is below this
             times the second best; the others get uniform ω and FedRC's E-step places them
             (None: group every client; needs ``group_round``).
@@ -72,7 +72,7 @@ class FedRCConfig:
         group_late_round: e.g. 20, with ``group_margin``: after this many rounds, each client the
             margin left ungrouped goes to the cluster whose grouped clients' signatures are
             closest on average, and is held for ``group_hold`` rounds
-            ([`grouping`][lightning_fedcluster.algorithms.grouping]; None:
+            ([`grouping`][lightning_fedcluster.algorithms.discovery.grouping]; None:
             FedRC's E-step places them; needs ``group_round``).
         group_ramp: e.g. 4, with ``group_hold``: in the first this-many held rounds a held
             client's γ is α·ω + (1 − α)·(the E-step's γ), α = h / (group_ramp + 1) in held round h,
@@ -81,23 +81,23 @@ class FedRCConfig:
         group_retire: K from the data, with the grouping (e.g. 0.1, with ``group_margin``): a
             group holding less than this share of the rows gets no cluster (its clients wait for
             the late pass), and the clusters no group went to retire when two or more groups got
-            one ([`grouping`][lightning_fedcluster.algorithms.grouping]; 0: only the latter; None: neither;
-            needs ``group_round``).
+            one ([`grouping`][lightning_fedcluster.algorithms.discovery.grouping]; 0: only the
+            latter; None: neither; needs ``group_round``).
         group_release: e.g. 0.25, with ``group_hold``: release a held client from the hold early
             when the E-step score (mean −loss − log C per sample) of another cluster in use (some
             client's largest ω) exceeds its own cluster's by more than this (nats) in
             ``group_release_rounds`` held rounds in a row; its ω may then move
-            ([`hold_release`][lightning_fedcluster.algorithms.hold_release]; None: every client is held to the
+            ([`release`][lightning_fedcluster.algorithms.discovery.release]; None: every client is held to the
             end).
         group_release_rounds: the held rounds in a row of ``group_release`` (needs it).
-        merge_threshold: merging ([`merging`][lightning_fedcluster.algorithms.merging], ours):
+        merge_threshold: merging ([`merging`][lightning_fedcluster.algorithms.discovery.merging], ours):
             after the first ``merge_after`` rounds, at a round's end, retire one of the two
             clusters whose members' mean log-likelihood per sample differs least between them,
             when that gap is below this (nats); None: never. With grouping, ``num_clusters`` is
             then an upper bound on K.
         merge_after: no merge in the first this-many rounds, the first may come at the end of
             round ``merge_after + 1`` (needs ``merge_threshold``).
-        retire_after: retirement ([`retirement`][lightning_fedcluster.algorithms.retirement]): after
+        retire_after: retirement ([`retirement`][lightning_fedcluster.algorithms.discovery.retirement]): after
             the first this-many rounds, at the end of every round, retire the clusters that no seen
             client's largest ω points to, so that the models held are the clusters in use (None:
             never). With grouping, at least ``group_round``; not with ``reseed_threshold``, which
@@ -205,7 +205,13 @@ class FedRCConfig:
             ("group_ramp", self.group_ramp, 0, "group_round", self.group_round is not None),
             ("group_retire", self.group_retire, None, "group_round", self.group_round is not None),
             ("group_release", self.group_release, None, "group_hold", bool(self.group_hold)),
-            ("group_release_rounds", self.group_release_rounds, 5, "group_release", self.release is not None),
+            (
+                "group_release_rounds",
+                self.group_release_rounds,
+                5,
+                "group_release",
+                self.group_release is not None,
+            ),
             ("merge_after", self.merge_after, 0, "merge_threshold", self.merge_threshold is not None),
             ("removal_after", self.removal_after, 0, "removal_threshold", self.removal_threshold is not None),
             (
@@ -254,31 +260,22 @@ class FedRCConfig:
         return {name: value for name, value in named.items() if value is not None}
 
     def components(self) -> tuple[Component, ...]:
-        """The mechanisms these options turn on, as components in the order FedRC runs them:
-        concept grouping, the hold's release, merging, retirement, re-seeding, removal (App. F),
-        the ω weighting of the copies (none: the paper's FedRC)."""
-        from lightning_fedcluster.algorithms.discovery import adapters
-
-        built: list[Component] = []
-        if self.grouping is not None:
-            built.append(adapters.GroupingStep(self.grouping))
-            if self.release is not None:
-                built.append(adapters.ReleaseStep(self.release, self.grouping))
-        if self.merging is not None:
-            built.append(adapters.MergingStep(self.merging))
-        if self.retirement is not None:
-            built.append(adapters.RetirementStep(self.retirement))
-        if self.reseed_threshold is not None:
-            built.append(adapters.ReseedStep(self.reseed_threshold, self.reseed_seed))
-        if self.removal_threshold is not None:
-            built.append(adapters.RemovalStep(self.removal_threshold, self.removal_after))
+        """The mechanisms these options turn on, as discovery components in the order FedRC runs
+        them: concept grouping, the hold's release, merging, retirement, re-seeding, removal
+        (App. F), the ω weighting of the copies (none: the paper's FedRC)."""
+        weighting = None
         if self.omega_weighting_from is not None:
-            built.append(
-                adapters.WeightingStep(
-                    self.omega_weighting_from, self.omega_weighting_ramp, self.omega_weighting_strength
-                )
+            weighting = OmegaWeighting(
+                self.omega_weighting_from, self.omega_weighting_ramp, self.omega_weighting_strength
             )
-        return tuple(built)
+        reseed = None
+        if self.reseed_threshold is not None:
+            reseed = ClusterReseed(self.reseed_threshold, self.reseed_seed)
+        removal = None
+        if self.removal_threshold is not None:
+            removal = ClusterRemoval(self.removal_threshold, self.removal_after)
+        built = (self.grouping, self.release, self.merging, self.retirement, reseed, removal, weighting)
+        return tuple(component for component in built if component is not None)
 
     @property
     def grouping(self) -> ConceptGrouping | None:
@@ -299,9 +296,9 @@ class FedRCConfig:
     @property
     def release(self) -> HoldRelease | None:
         """The early release from the grouping's hold as configured (None: off)."""
-        if self.group_release is None:
+        if self.group_release is None or self.grouping is None:
             return None
-        return HoldRelease(self.group_release, self.group_release_rounds)
+        return HoldRelease(self.grouping, self.group_release, self.group_release_rounds)
 
     @property
     def retirement(self) -> ClusterRetirement | None:

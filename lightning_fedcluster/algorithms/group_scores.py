@@ -1,17 +1,20 @@
-"""Which group a client belongs to, from its signature distances to the others: plain tensors only.
+"""Which group a client belongs to, from its signature distances to the others, and which cluster
+each group goes to with what ω: plain tensors only.
 
-The concept grouping ([`grouping`][lightning_fedcluster.algorithms.grouping]) scores each client against each
-group by the weighted mean
-distance to the group's members (each pair weighted by the labels both hold) or by the distance to
-the group's medoid, refines k-medoids' groups by the mean score, keeps the clients whose best group
-is clearly the best (the margin), leaves out the groups too small to get a cluster, and places the
-clients left out later (the late pass). Shapes: ``distances`` and ``weights`` [M, M] (NaN: unknown
-distance), ``groups`` [M] group labels, ``omega`` [M, K], ``active`` [K].
+The concept grouping ([`grouping`][lightning_fedcluster.algorithms.discovery.grouping]) scores
+each client against each group by the weighted mean distance to the group's members (each pair
+weighted by the labels both hold) or by the distance to the group's medoid, refines k-medoids'
+groups by the mean score, keeps the clients whose best group is clearly the best (the margin),
+leaves out the groups too small to get a cluster, places the clients left out later (the late
+pass), gives each group a distinct cluster (the Hungarian matching on the members' ω mass) and
+its members their ω. Shapes: ``distances`` and ``weights`` [M, M] (NaN: unknown distance),
+``groups`` [M] group labels, ``omega`` [M, K], ``active`` [K].
 """
 
 from __future__ import annotations
 
 import torch
+from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.signatures import canonical_labels, fill_unknown
@@ -91,3 +94,35 @@ def confident(scores: Tensor, margin: float) -> Tensor:
         return torch.ones(scores.shape[0], dtype=torch.bool)
     two = scores.topk(2, dim=1, largest=False).values
     return two[:, 0] < margin * two[:, 1]
+
+
+def cluster_omega(clusters: Tensor, active: Tensor, share: float) -> Tensor:
+    """ω [n, K]: ``share`` on each client's cluster, (1 − share) spread evenly over the other alive
+    clusters (all of it on the cluster when it is the only one alive)."""
+    alive = active.nonzero().flatten()
+    result = torch.zeros(clusters.numel(), active.numel(), dtype=torch.float64)
+    if alive.numel() == 1:
+        result[:, alive[0]] = 1.0
+        return result
+    result[:, alive] = (1 - share) / (alive.numel() - 1)
+    result[torch.arange(clusters.numel()), clusters] = share
+    return result
+
+
+def uniform_omega(count: int, active: Tensor) -> Tensor:
+    """ω [count, K]: uniform over the alive clusters."""
+    omega = active.to(torch.float64).expand(count, -1).clone()
+    return omega / omega.sum(1, keepdim=True)
+
+
+def group_clusters(groups: Tensor, omega: Tensor, active: Tensor) -> Tensor:
+    """Each grouped client's cluster [n]: each group goes to a distinct alive cluster, chosen to
+    keep most of the members' current ω [n, K] mass (Hungarian matching)."""
+    alive = active.nonzero().flatten()
+    count = int(groups.max()) + 1
+    mass = torch.zeros(count, alive.numel(), dtype=torch.float64)
+    mass.index_add_(0, groups, omega[:, alive].to(torch.float64))
+    rows, cols = linear_sum_assignment(mass.numpy(), maximize=True)
+    cluster_of = torch.empty(count, dtype=torch.long)
+    cluster_of[torch.as_tensor(rows)] = alive[torch.as_tensor(cols)]
+    return cluster_of[groups]

@@ -1,11 +1,9 @@
 """algorithms/fedrc.py: the FedRC/FedEM rule against hand computations on tiny tensors (E-step,
 aggregation weights, label statistics, prediction weights, unseen clients) and its options
-(Adam on γ, label noise, hard training, cluster removal, the server's ω weighting from a round
-on: ``omega_weighting_from``, whose resume and executor equivalences run in ``test_grouping.py``
-and the ``fedrc_grouping`` workloads)."""
+(Adam on γ, label noise, hard training); its discovery components (removal, the ω weighting, ...)
+are tested in ``tests/algorithms/discovery/``."""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -13,13 +11,11 @@ from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms.base import (
     Algorithm,
-    ClientContext,
     ClientReport,
     Contribution,
-    LocalPlan,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.fedrc import FedRC, adam_gamma_step, clusters_to_remove
+from lightning_fedcluster.algorithms.fedrc import FedRC, adam_gamma_step
 from lightning_fedcluster.algorithms.mixture import (
     iterate_mixture,
     label_statistics,
@@ -27,7 +23,6 @@ from lightning_fedcluster.algorithms.mixture import (
     mixture_from_responsibilities,
     responsibilities,
 )
-from lightning_fedcluster.algorithms.server_view import RoundOutcome
 from tests.helpers.algorithms import (
     C_STATS,
     F64,
@@ -42,7 +37,6 @@ from tests.helpers.algorithms import (
     ctx,
     fixed_point_map,
     plain_ctx,
-    server_view,
     store,
     t,
 )
@@ -100,61 +94,6 @@ def test_hard_training_trains_only_the_argmax_cluster():
     assert plan.clusters == (1,) and plan.sample_weights is None
     masked = rule.local_plan(report, ctx([1 / 3] * 3, active=[True, False, True]))
     assert masked.clusters == (2,)
-
-
-def test_cluster_removal_by_hand_and_state_renormalisation():
-    omega = t([[0.9, 0.08, 0.02], [0.5, 0.45, 0.05], [0.0, 0.0, 1.0]])
-    sizes = torch.tensor([10, 30, 1000])
-    seen = torch.tensor([True, True, False])  # the unseen client does not count
-    # shares: (10·[.9,.08,.02] + 30·[.5,.45,.05]) / 40 = [0.6, 0.3575, 0.0425]
-    remove = clusters_to_remove(omega, sizes, seen, torch.ones(3, dtype=torch.bool), 0.05)
-    assert remove.tolist() == [False, False, True]
-    state = ClientState(omega=omega.clone(), label_sums=torch.ones(3, 2, 3, dtype=F64), seen=seen)
-    state.remove_clusters(remove)
-    assert state.active.tolist() == [True, True, False]
-    assert_close(state.omega[0], t([0.9 / 0.98, 0.08 / 0.98, 0.0]), **TIGHT)
-    assert_close(state.omega[2], t([0.5, 0.5, 0.0]), **TIGHT)  # all its mass was removed: uniform
-    assert torch.equal(state.label_sums[..., 2], torch.zeros(3, 2, dtype=F64))
-    # The last cluster standing is never removed, even below the threshold.
-    survivors = clusters_to_remove(
-        t([[0.5, 0.5, 0.0]]), torch.tensor([1]), torch.tensor([True]), torch.tensor([True, True, False]), 0.9
-    )
-    assert survivors.tolist() == [False, True, False]  # cluster 0 (the tie's lowest index) stays
-    with pytest.raises(ValueError, match="at least one"):
-        state.remove_clusters(torch.ones(3, dtype=torch.bool))
-
-
-def test_removal_waits_for_removal_after_then_removes_as_by_hand():
-    # the shares of the test above: [0.6, 0.3575, 0.0425]; δ = 0.05 removes cluster 2
-    omega = t([[0.9, 0.08, 0.02], [0.5, 0.45, 0.05], [0.0, 0.0, 1.0]])
-    seen = torch.tensor([True, True, False])
-    rule = FedRC(3, removal_threshold=0.05, removal_after=5)
-
-    def decide(round_index: int) -> list:
-        state = ClientState(omega=omega.clone(), label_sums=torch.ones(3, 2, 3, dtype=F64), seen=seen)
-        sizes = torch.tensor([10, 30, 1000])
-        outcome = RoundOutcome(round_index, torch.tensor([0, 1]), omega[:2], sizes[:2], sizes)
-        return rule.after_round(server_view(state, outcome))
-
-    assert decide(4) == []  # round index 4 < removal_after: no removal, although cluster 2 is below δ
-    removal, note = decide(5)
-    assert removal.mask.tolist() == [False, False, True]
-    assert "removed cluster(s) [2]" in note.text and "2 remain" in note.text
-    assert FedRC(3, removal_threshold=0.05).config.removal_after == 0  # the paper's: from the first round
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"removal_after": 3}, "removal_after=3 has no effect without removal_threshold"),
-        ({"removal_threshold": 0.1, "removal_after": -1}, "must be a number of rounds >= 0, got -1"),
-        ({"removal_threshold": 0.1, "removal_after": True}, "must be a number of rounds >= 0, got True"),
-        ({"removal_threshold": 0.1, "removal_after": 2.0}, "must be a number of rounds >= 0, got 2.0"),
-    ],
-)
-def test_removal_after_is_checked(options, message):
-    with pytest.raises(ValueError, match=message):
-        FedRC(3, **options)
 
 
 def test_soft_rule_skips_removed_clusters_everywhere():
@@ -309,85 +248,3 @@ def test_label_stats_floor_caps_the_pull_of_a_label_a_cluster_lacks() -> None:
     for bad in (0.0, 1.0, True):
         with pytest.raises(ValueError, match="label_stats_floor must be in"):
             FedRC(2, label_stats_floor=bad)
-
-
-# omega_weighting_from: from that round index on, copy k of client i weighs N_i · ω_ik, not N_i.
-WEIGHTING_OMEGA = torch.tensor([0.9, 0.0, 0.1], dtype=torch.float64)
-WEIGHTING_REPORT = ClientReport(gamma=torch.empty(0, 3), omega=WEIGHTING_OMEGA, label_sums=torch.empty(0))
-WEIGHTING_PLAN = LocalPlan(clusters=(0, 2))
-
-
-def _round_context(round_index: int, num_samples: int = 40) -> ClientContext:
-    return replace(plain_ctx([1 / 3] * 3, 2, num_samples, client=1), round_index=round_index)
-
-
-def _weighed(rule: FedRC, context: ClientContext) -> list[Contribution]:
-    """The contributions after the rule's components saw the report (the ω weighting's client hook)."""
-    nothing = torch.empty(0, 3, dtype=F64)
-    report = rule.run_components(WEIGHTING_REPORT, nothing, torch.empty(0, dtype=torch.long), None, context)
-    return rule.contributions(report, WEIGHTING_PLAN, context)
-
-
-def test_from_its_round_each_trained_copy_weighs_n_times_its_omega():
-    rule = FedRC(3, omega_weighting_from=5)
-    before = _weighed(rule, _round_context(round_index=4))
-    assert before == [Contribution(0, 0, 40.0), Contribution(2, 2, 40.0)]  # FedRC's N_i
-    for round_index in (5, 9):
-        got = _weighed(rule, _round_context(round_index))
-        assert got == [Contribution(0, 0, pytest.approx(36.0)), Contribution(2, 2, pytest.approx(4.0))]
-
-
-def test_a_ramp_moves_each_weight_from_n_to_n_times_omega_in_equal_steps():
-    # ramp 3 from round 5: α = 1/4, 2/4, 3/4 in rounds 5, 6, 7, then 1; weight 40 · ((1 − α) + α · ω_ik)
-    rule = FedRC(3, omega_weighting_from=5, omega_weighting_ramp=3)
-    expected = {4: (40.0, 40.0), 5: (39.0, 31.0), 6: (38.0, 22.0), 7: (37.0, 13.0)}
-    expected |= {8: (36.0, 4.0), 20: (36.0, 4.0)}
-    for round_index, (first, third) in expected.items():
-        got = _weighed(rule, _round_context(round_index))
-        assert got == [Contribution(0, 0, pytest.approx(first)), Contribution(2, 2, pytest.approx(third))]
-
-
-def test_a_ramp_of_zero_is_the_weighting_from_its_first_round():
-    plain, ramped = FedRC(3, omega_weighting_from=5), FedRC(3, omega_weighting_from=5, omega_weighting_ramp=0)
-    for round_index in (4, 5, 6):
-        context = _round_context(round_index)
-        assert _weighed(ramped, context) == _weighed(plain, context)
-
-
-def test_a_strength_stops_alpha_there_with_or_without_a_ramp():
-    # strength 1/2: weight 40 · (1/2 + ω_ik/2); with ramp 1, α = 1/4 in round 5, then 1/2
-    strong = FedRC(3, omega_weighting_from=5, omega_weighting_strength=0.5)
-    ramped = FedRC(3, omega_weighting_from=5, omega_weighting_ramp=1, omega_weighting_strength=0.5)
-    for rule, expected in (
-        (strong, {4: (40.0, 40.0), 5: (38.0, 22.0), 9: (38.0, 22.0)}),
-        (ramped, {4: (40.0, 40.0), 5: (39.0, 31.0), 6: (38.0, 22.0), 9: (38.0, 22.0)}),
-    ):
-        for round_index, (first, third) in expected.items():
-            got = _weighed(rule, _round_context(round_index))
-            assert got == [Contribution(0, 0, pytest.approx(first)), Contribution(2, 2, pytest.approx(third))]
-
-
-def test_off_by_default_every_copy_weighs_n():
-    context = _round_context(round_index=50, num_samples=7)
-    got = _weighed(FedRC(3), context)
-    assert got == [Contribution(0, 0, 7.0), Contribution(2, 2, 7.0)]
-
-
-def _fit_weights(rounds: int, **options) -> list[torch.Tensor]:
-    import lightning_fedcluster as lf
-    from lightning_fedcluster.datamodules import DigitsFederated
-    from lightning_fedcluster.models import MLPClassifier
-    from tests.conftest import make_trainer
-
-    torch.manual_seed(0)
-    strategy = lf.FedRCStrategy(3, clients_per_round=6, local_steps=2, executor="loop", **options)
-    trainer = make_trainer(strategy, max_epochs=rounds)
-    trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0))
-    return [t.detach().clone() for t in trainer.lightning_module.state_dict().values()]
-
-
-def test_a_fit_is_fedrc_s_before_the_round_and_moves_differently_from_it():
-    same = zip(_fit_weights(2), _fit_weights(2, omega_weighting_from=2), strict=True)
-    assert all(torch.equal(a, b) for a, b in same)  # round indices 0 and 1: N_i
-    after = zip(_fit_weights(3), _fit_weights(3, omega_weighting_from=2), strict=True)
-    assert not all(torch.equal(a, b) for a, b in after)

@@ -1,6 +1,7 @@
 """The docs' "Adding an algorithm" example (docs/how-to/new-algorithm.md) runs as written: the
 one-file rule with its own server action trains on both executors, and its named spelling
-registers the same rule (Flower's grid: tests/flower/test_new_algorithm.py)."""
+registers the same rule (Flower's grid: tests/flower/test_new_algorithm.py); the discovery
+component of "A new discovery mechanism" runs in FedRC on both executors."""
 
 from __future__ import annotations
 
@@ -99,3 +100,27 @@ def test_the_registered_merge_rule_keeps_distinct_clusters():
     named = _example()["MergingFedRCStrategy"](4, local_steps=2, executor="loop")
     assert type(named.algorithm).__name__ == "MergingFedRC" and named.algorithm.epsilon == 0.05
     assert _fit(named, rounds=2).lightning_module.client_state.active.tolist() == [True] * 4
+
+
+def test_the_discovery_component_runs_in_fedrc_alike_on_both_executors():
+    from lightning_fedcluster.algorithms import FedRC
+
+    example = _example()
+    assert example["settled"].algorithm.components == (example["SettledTraining"](2),)
+
+    def fit(executor: str, components: tuple) -> object:
+        torch.manual_seed(0)
+        rule = FedRC(3, components=components)
+        return _fit(FederatedStrategy(algorithm=rule, local_steps=2, executor=executor)).lightning_module
+
+    component = (example["SettledTraining"](2),)
+    loop, vectorized = fit("loop", component), fit("vectorized", component)
+    streaks = loop.client_state.extra["settled_for"]
+    assert float(streaks.max()) >= 2  # some client settled and trained one copy
+    assert torch.equal(streaks, vectorized.client_state.extra["settled_for"])
+    assert torch.equal(loop.client_state.extra["settled_on"], vectorized.client_state.extra["settled_on"])
+    for a, b in zip(loop.state_dict().values(), vectorized.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    plain = fit("loop", ())
+    pairs = zip(loop.state_dict().values(), plain.state_dict().values(), strict=True)
+    assert any(not torch.equal(a, b) for a, b in pairs)  # a settled client trained one copy only

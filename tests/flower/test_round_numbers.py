@@ -86,3 +86,17 @@ def test_a_flower_run_names_each_round_alike_in_its_log_tensorboard_and_run_file
     assert len(run["metrics"]) == 3
     assert event_texts(str(logs)) == {2: event}
     assert _scalar_steps(str(logs), "train/loss") == [1, 2, 3]
+
+
+def test_a_flower_run_hands_discovery_components_its_rounds(task_identity):
+    from tests.algorithms.discovery.test_runner import Rounds
+
+    rounds = Rounds()
+
+    def strategy() -> lf.FederatedStrategy:
+        rule = lf.algorithms.FedRC(2, components=(rounds,))
+        return lf.FederatedStrategy(algorithm=rule, local_steps=2, executor="loop")
+
+    apps = FlowerApps(strategy, workload.make_module, workload.make_datamodule, num_rounds=3)
+    run_local(apps, partitions(2))
+    assert rounds.seen == [(0, 3), (1, 3), (2, 3)]  # as the Lightning engine's max_epochs

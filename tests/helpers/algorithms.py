@@ -10,6 +10,7 @@ import torch
 
 from lightning_fedcluster.algorithms.base import Algorithm, ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.discovery.protocol import DiscoveryView
 from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
 
 F64 = torch.float64
@@ -56,6 +57,16 @@ def store(rule: Algorithm, num_clients: int, num_classes: int = 2, num_samples: 
 def server_view(state: ClientState, outcome: RoundOutcome, clusters=()) -> ServerView:
     """What ``after_round`` receives: the outcome, the store and (optionally) the global models."""
     return ServerView(outcome, state, list(clusters))
+
+
+def view_at(state: ClientState, round_index: int, sizes=None, clients=None, num_rounds=None) -> DiscoveryView:
+    """What a discovery component's server hook receives after round ``round_index``: the store,
+    every client's training size ``sizes`` (1 each by default) and the round's reporting
+    ``clients`` (the seen ones by default)."""
+    sizes = torch.ones(state.num_clients, dtype=torch.long) if sizes is None else torch.as_tensor(sizes)
+    clients = state.seen.nonzero().flatten() if clients is None else torch.as_tensor(clients)
+    outcome = RoundOutcome(round_index, clients, state.omega[clients], sizes[clients], sizes)
+    return DiscoveryView(ServerView(outcome, state, []), num_rounds)
 
 
 def plain_ctx(omega, num_classes, num_samples=3, client=0) -> ClientContext:

@@ -124,3 +124,9 @@ def client_scores(losses: Tensor, labels: Tensor, log_label_stats: Tensor | None
     if log_label_stats is not None:
         scores = scores - log_label_stats.to(scores)[labels]
     return scores.mean(0)
+
+
+def cluster_shares(omega: Tensor, sizes: Tensor, seen: Tensor) -> Tensor:
+    """[K] share of the seen clients' data each cluster explains: Σ_i N_i ω_ik / Σ_i N_i."""
+    weights = sizes[seen].to(torch.float64)
+    return (omega[seen].to(torch.float64) * weights.unsqueeze(1)).sum(0) / weights.sum()

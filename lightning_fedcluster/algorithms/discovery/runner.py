@@ -107,8 +107,9 @@ class RunsComponents:
     num_clusters: int
 
     def use_components(self, components: Sequence[Component]) -> None:
-        """Take ``components`` (in their order), each checked against this rule before training."""
-        components = tuple(components)
+        """Take ``components`` (in their order), each checked against this rule (and its other
+        components) before training."""
+        components = self.components = tuple(components)
         for component in components:
             if not isinstance(component, Component):
                 raise TypeError(
@@ -121,7 +122,6 @@ class RunsComponents:
                     f"{type(self).__name__} does not give its E-step: use it with FedRC or FedEM"
                 )
             component.check(self)
-        self.components = components
 
     @property
     def wants_scores(self) -> bool:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
-from lightning_fedcluster.algorithms.grouping import HELD, RELEASED
+from lightning_fedcluster.algorithms.discovery.grouping import HELD, RELEASED
 from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from tests.conftest import make_trainer

@@ -1,4 +1,4 @@
-"""algorithms/merging.py: merging near-identical clusters, against hand computations: the pair gaps,
+"""algorithms/discovery/merging.py: merging near-identical clusters, against hand computations: the pair gaps,
 which cluster retires into which, the store's merge, the scores a client reports, and a fit."""
 
 from __future__ import annotations
@@ -10,15 +10,10 @@ from torch.testing import assert_close
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note
 from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.discovery.merging import ClusterMerging, closest_pair, pair_gaps
+from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, client_scores
 from lightning_fedcluster.algorithms.fedrc import FedRC
-from lightning_fedcluster.algorithms.merging import (
-    CLUSTER_SCORES,
-    ClusterMerging,
-    client_scores,
-    closest_pair,
-    pair_gaps,
-)
-from tests.helpers.algorithms import store
+from tests.helpers.algorithms import store, view_at
 
 F64 = torch.float64
 
@@ -55,9 +50,9 @@ def test_the_gap_of_a_pair_is_the_size_weighted_mean_over_both_clusters_members(
 
 def test_the_smaller_cluster_retires_into_the_larger_when_the_gap_is_under_the_threshold():
     state, sizes = _state()
-    assert ClusterMerging(threshold=0.2).actions(state, sizes, 5) == []  # 0.225 is not below 0.2
-    assert ClusterMerging(threshold=0.3, after=6).actions(state, sizes, 5) == []  # not yet
-    merge, note = ClusterMerging(threshold=0.3, after=5).actions(state, sizes, 5)
+    assert ClusterMerging(threshold=0.2).actions(view_at(state, 5, sizes)) == []  # 0.225 is not below 0.2
+    assert ClusterMerging(threshold=0.3, after=6).actions(view_at(state, 5, sizes)) == []  # not yet
+    merge, note = ClusterMerging(threshold=0.3, after=5).actions(view_at(state, 5, sizes))
     assert isinstance(merge, MergeClusters) and isinstance(note, Note)
     # shares: cluster 0 (10·0.8 + 20·0.7 + 10·0.2) / 80 = 0.3 > cluster 1 (1 + 4 + 7 + 4) / 80 = 0.2
     assert (merge.source, merge.target) == (1, 0)

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.reseed import SPLIT_SHARE, reseed_split
+from lightning_fedcluster.algorithms.discovery.reseed import SPLIT_SHARE, reseed_split
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer

@@ -11,7 +11,7 @@ Each client computes that signature in its E-step (from the K models' outputs it
 averaged over the alive models) in every round before ``group_round``. After round
 ``group_round``, the server groups the clients it has signatures of by k-medoids on the signature
 distances (``algorithms/signatures.py``), into as many groups as alive clusters (a concept split
-over two groups is merged back later by ``algorithms/merging.py``). Each group goes to the
+over two groups is merged back later by ``algorithms/discovery/merging.py``). Each group goes to the
 cluster that holds most of its members' ω mass, and its members' ω becomes ``share`` on that
 cluster and the rest spread evenly over the other kept clusters; FedRC's EM continues from there,
 so a client put in the wrong group can still move. Clients without a signature keep their ω.
@@ -48,34 +48,39 @@ corrupted ones in the wrong clusters (``docs/how-clusters-form.md``).
 ``retire`` (K from the data, with the grouping): a group whose sure clients hold less than this
 share of the rows of all clients with a signature gets no cluster (its clients wait for the late
 pass, as the margin's others do), and the clusters no group went to are retired when two or more
-groups got one ([`retire_spare`][lightning_fedcluster.algorithms.retirement.retire_spare] says why). A small
-group is typically a few
-corrupted clients of different concepts whose signatures look alike; given a cluster, FedRC's
-removal takes it away later and hands them to the concept clusters at once, where the late pass
-eases them in.
+groups got one
+([`retire_spare`][lightning_fedcluster.algorithms.discovery.retirement.retire_spare] says why). A
+small group is typically a few corrupted clients of different concepts whose signatures look
+alike; given a cluster, FedRC's removal takes it away later and hands them to the concept clusters
+at once, where the late pass eases them in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import Note, Reassign, ServerAction, SetState
-from lightning_fedcluster.algorithms.client_state import CLASSES, ClientState, Scope, StateEntry
+from lightning_fedcluster.algorithms.client_state import CLASSES, Scope, StateEntry
 from lightning_fedcluster.algorithms.client_turn import ClientReport
+from lightning_fedcluster.algorithms.discovery.protocol import ClientTurn, Component, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.retirement import retire_spare
+from lightning_fedcluster.algorithms.discovery.runner import rule_option
 from lightning_fedcluster.algorithms.group_scores import (
+    cluster_omega,
     confident,
+    group_clusters,
     late_clusters,
     mean_distance_groups,
     mean_scores,
     medoid_scores,
     small_groups,
+    uniform_omega,
 )
 from lightning_fedcluster.algorithms.mixture import label_sums
-from lightning_fedcluster.algorithms.retirement import retire_spare
 from lightning_fedcluster.algorithms.server_view import ClientStoreView
 from lightning_fedcluster.algorithms.signatures import (
     canonical_labels,
@@ -87,13 +92,15 @@ from lightning_fedcluster.algorithms.signatures import (
 SIGNATURE, SIGNATURE_ROWS = "signature", "signature_rows"
 HELD = "group_held"  # 1: the grouping placed the client; 2: the late pass did; 0: neither
 GROUPED, LATE = 1.0, 2.0
-RELEASED = 3.0  # placed, then released from the hold early (``hold_release.py``)
+RELEASED = 3.0  # placed, then released from the hold early (``discovery/release.py``)
 ASSIGNMENTS = ("medoid", "mean")
 
 
 @dataclass(frozen=True)
-class ConceptGrouping:
-    """When and how the server groups clients by signature (see the module docstring).
+class ConceptGrouping(Component):
+    """When and how the server groups clients by signature (see the module docstring); decisive
+    (a round with a grouping pass takes no other K decision); its client hook records the
+    signature from the models' outputs and holds γ at ω.
 
     ``group_round``: rounds before the grouping (it happens after that many rounds); ``share``:
     the grouped clients' ω on their group's cluster; ``assign``: "medoid" (k-medoids' groups) or
@@ -114,6 +121,8 @@ class ConceptGrouping:
     late_round: int | None = None
     ramp: int = 0
     retire: float | None = None
+    decisive = True
+    wants_outputs = True
 
     def __post_init__(self) -> None:
         if (
@@ -152,7 +161,11 @@ class ConceptGrouping:
                 "set group_margin too, or drop it"
             )
 
-    def state_entries(self) -> tuple[StateEntry, ...]:
+    def check(self, rule: Any) -> None:
+        if rule_option(rule, "adam_gamma"):
+            raise ValueError("group_round cannot be combined with adam_gamma: use one or the other")
+
+    def state_entries(self, num_clusters: int) -> tuple[StateEntry, ...]:
         """Each client's latest signature [C, C] and its row count per label [C], reported; with
         ``hold``, whether the server grouped the client (set by the server, read by the client)."""
         entries = (
@@ -161,6 +174,21 @@ class ConceptGrouping:
         )
         flagged = self.hold or self.late_round is not None
         return entries + ((StateEntry(HELD, Scope.CLIENT),) if flagged else ())
+
+    def client(self, turn: ClientTurn) -> ClientTurn:
+        """Before the last pass, the client's signature into its state; in a held round, γ towards
+        its ω (``held_report``)."""
+        context = turn.context
+        if context.outputs is not None and self.wants_signature(context.round_index):
+            self.record_signature(context.outputs, turn.labels, context.active, context.extra)
+        weight = self.hold_weight(context.round_index, context.extra)
+        if weight is None:
+            return turn
+        omega = context.omega.to(turn.report.gamma)
+        report = held_report(
+            omega, context.active, turn.labels, context.num_classes, turn.report.gamma, weight
+        )
+        return replace(turn, report=report)
 
     def holds(self, round_index: int, extra: dict[str, Tensor]) -> bool:
         """Whether this client's E-step of round ``round_index`` is held (γ towards ω)."""
@@ -192,8 +220,10 @@ class ConceptGrouping:
         means, counts = client_signature(outputs, labels, active, extra[SIGNATURE].shape[-1])
         extra[SIGNATURE], extra[SIGNATURE_ROWS] = means, counts
 
-    def actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
-        """After round ``round_index``: the grouping's (or the late pass's) actions when due, else none."""
+    def actions(self, view: DiscoveryView) -> list[ServerAction]:
+        """After round ``view.round_index``: the grouping's (or the late pass's) actions when due,
+        else none."""
+        state, round_index = view.state, view.round_index
         if self.late_round is not None and round_index == self.late_round - 1:
             return self._late_actions(state, round_index)
         if round_index != self.group_round - 1:
@@ -247,10 +277,10 @@ class ConceptGrouping:
         retired = retire_spare(self.retire is not None, taken, state.active)
         return [Reassign(clients, omega), *self._held(state, clients[sure]), note, *retired]
 
-    def _late_actions(self, state: ClientState | ClientStoreView, round_index: int) -> list[ServerAction]:
+    def _late_actions(self, state: ClientStoreView, round_index: int) -> list[ServerAction]:
         """The late pass: every seen client with a signature that no pass placed goes to the cluster
-        of [`late_clusters`][lightning_fedcluster.algorithms.grouping.late_clusters], with ω ``share`` there;
-        flagged ``LATE`` (held with ``hold``)."""
+        of [`late_clusters`][lightning_fedcluster.algorithms.group_scores.late_clusters], with ω
+        ``share`` there; flagged ``LATE`` (held with ``hold``)."""
         flags = state.extra[HELD]
         with_signature = state.seen & (state.extra[SIGNATURE_ROWS].sum(1) > 0)
         grouped, waiting = with_signature & (flags > 0), with_signature & (flags == 0)
@@ -275,7 +305,7 @@ class ConceptGrouping:
         )
         return [Reassign(clients[placed], omega), SetState(HELD, marked), note]
 
-    def _held(self, state: ClientState | ClientStoreView, grouped: Tensor) -> list[ServerAction]:
+    def _held(self, state: ClientStoreView, grouped: Tensor) -> list[ServerAction]:
         """With ``hold`` (or a late pass): the action that marks the grouped clients (and only them)."""
         if not self.hold and self.late_round is None:
             return []
@@ -303,38 +333,6 @@ def held_report(
             raise ValueError("a held E-step with weight < 1 blends with the E-step's γ: pass e_step_gamma")
         gamma = weight * gamma + (1.0 - weight) * e_step_gamma.to(gamma)
     return ClientReport(gamma=gamma, omega=weights, label_sums=label_sums(gamma, labels, num_classes))
-
-
-def cluster_omega(clusters: Tensor, active: Tensor, share: float) -> Tensor:
-    """ω [n, K]: ``share`` on each client's cluster, (1 − share) spread evenly over the other alive
-    clusters (all of it on the cluster when it is the only one alive)."""
-    alive = active.nonzero().flatten()
-    result = torch.zeros(clusters.numel(), active.numel(), dtype=torch.float64)
-    if alive.numel() == 1:
-        result[:, alive[0]] = 1.0
-        return result
-    result[:, alive] = (1 - share) / (alive.numel() - 1)
-    result[torch.arange(clusters.numel()), clusters] = share
-    return result
-
-
-def uniform_omega(count: int, active: Tensor) -> Tensor:
-    """ω [count, K]: uniform over the alive clusters."""
-    omega = active.to(torch.float64).expand(count, -1).clone()
-    return omega / omega.sum(1, keepdim=True)
-
-
-def group_clusters(groups: Tensor, omega: Tensor, active: Tensor) -> Tensor:
-    """Each grouped client's cluster [n]: each group goes to a distinct alive cluster, chosen to
-    keep most of the members' current ω [n, K] mass (Hungarian matching)."""
-    alive = active.nonzero().flatten()
-    count = int(groups.max()) + 1
-    mass = torch.zeros(count, alive.numel(), dtype=torch.float64)
-    mass.index_add_(0, groups, omega[:, alive].to(torch.float64))
-    rows, cols = linear_sum_assignment(mass.numpy(), maximize=True)
-    cluster_of = torch.empty(count, dtype=torch.long)
-    cluster_of[torch.as_tensor(rows)] = alive[torch.as_tensor(cols)]
-    return cluster_of[groups]
 
 
 def check_grouping_values(

@@ -1,4 +1,5 @@
-"""Re-seeding a dead cluster (an option of FedRC/FedEM, off by default and in the paper presets).
+"""Re-seeding a dead cluster (an option of FedRC/FedEM, ``reseed_threshold``, off by default and in
+the paper presets).
 
 A soft-EM cluster whose share of the data falls to ~0 rarely comes back: each client's ω for it
 shrinks multiplicatively, and two concepts then share one model (the main job's scenario loses
@@ -13,20 +14,62 @@ HCFL's cluster splitting (Guo, Tang, Lin, ICLR 2025), not HCFL's own test.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from lightning_fedcluster.algorithms.actions import SplitCluster
+from lightning_fedcluster.algorithms.actions import Note, ServerAction, SplitCluster
+from lightning_fedcluster.algorithms.discovery.protocol import Component, DiscoveryView, cluster_shares
+from lightning_fedcluster.algorithms.discovery.runner import rule_option
 from lightning_fedcluster.algorithms.seeds import derive_seed
 
 RESEED_SPLIT = 0x5E1D  # seed salt of the random half
 SPLIT_SHARE = 0.9  # the share of ω on the largest cluster that the chosen half moves
 
 
-def cluster_shares(omega: Tensor, sizes: Tensor, seen: Tensor) -> Tensor:
-    """[K] share of the seen clients' data each cluster explains: Σ_i N_i ω_ik / Σ_i N_i."""
-    weights = sizes[seen].to(torch.float64)
-    return (omega[seen].to(torch.float64) * weights.unsqueeze(1)).sum(0) / weights.sum()
+@dataclass(frozen=True)
+class ClusterReseed(Component):
+    """``threshold``: the share of γ below which a cluster is dead (e.g. 0.05); ``seed``: seeds the
+    random half (the strategy's ``seed``). Decisive: one re-seeding a round at most."""
+
+    threshold: float
+    seed: int = 0
+    decisive = True
+
+    def __post_init__(self) -> None:
+        threshold = self.threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+            raise ValueError(f"reseed_threshold must be in (0, 1) (e.g. 0.05), got {threshold!r}")
+
+    def check(self, rule: Any) -> None:
+        if rule_option(rule, "adam_gamma"):
+            raise ValueError(
+                "reseed_threshold cannot be combined with adam_gamma (each sample's γ would have to be "
+                "split too): use one or the other"
+            )
+
+    def actions(self, view: DiscoveryView) -> list[ServerAction]:
+        """After round ``view.round_index``: the split that re-seeds a dead cluster, else none."""
+        state, round_index = view.state, view.round_index
+        split = reseed_split(
+            state.omega,
+            view.outcome.train_sizes,
+            state.seen,
+            state.active,
+            self.threshold,
+            self.seed,
+            round_index,
+        )
+        if split is None:
+            return []
+        note = Note(
+            f"round {round_index + 1}: re-seeded cluster {split.target} (share of γ below "
+            f"{self.threshold}) from cluster {split.source}, splitting its "
+            f"{split.clients.numel()} clients"
+        )
+        return [split, note]
 
 
 def reseed_split(

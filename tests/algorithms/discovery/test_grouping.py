@@ -1,4 +1,4 @@
-"""algorithms/grouping.py: concept grouping (a take-off option of FedRC) against hand computations:
+"""algorithms/discovery/grouping.py: concept grouping (a take-off option of FedRC) against hand computations:
 the client signature, the group-to-cluster matching and the grouped ω, the choice of the group
 count, when it acts, and its wiring into FedRC's E-step and server step; the mean-distance
 assignment, the margin, the hold after the grouping, and the late pass for the ungrouped clients."""
@@ -15,8 +15,7 @@ from torch.testing import assert_close
 from lightning_fedcluster.algorithms.actions import Note, Reassign, RemoveClusters, SetState
 from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.client_state import ClientState
-from lightning_fedcluster.algorithms.fedrc import FedRC
-from lightning_fedcluster.algorithms.grouping import (
+from lightning_fedcluster.algorithms.discovery.grouping import (
     GROUPED,
     HELD,
     LATE,
@@ -24,12 +23,12 @@ from lightning_fedcluster.algorithms.grouping import (
     SIGNATURE,
     SIGNATURE_ROWS,
     ConceptGrouping,
-    cluster_omega,
-    group_clusters,
     held_report,
 )
+from lightning_fedcluster.algorithms.fedrc import FedRC
+from lightning_fedcluster.algorithms.group_scores import cluster_omega, group_clusters
 from lightning_fedcluster.algorithms.server_view import RoundOutcome
-from tests.helpers.algorithms import server_view, store
+from tests.helpers.algorithms import server_view, store, view_at
 from tests.helpers.weights import assert_same_fit
 
 F64 = torch.float64
@@ -68,7 +67,7 @@ def _state_with_signatures(
     """Five seen clients: two signatures (label 0 predicted as 0 by clients 0-2, or as 1 by 3 and
     4; as 0 by all five when ``alike``), three alive clusters; ω ``first`` for clients 0-2,
     ``second`` for 3 and 4."""
-    state = ClientState.initial(5, 2, 3, ConceptGrouping(group_round=4).state_entries())
+    state = ClientState.initial(5, 2, 3, ConceptGrouping(group_round=4).state_entries(3))
     state.seen[:] = True
     state.extra[SIGNATURE][:, 0] = torch.tensor([0.9, 0.1], dtype=F64)
     if not alike:
@@ -82,9 +81,9 @@ def _state_with_signatures(
 def test_grouping_acts_once_after_its_round_and_only_on_clients_with_signatures():
     state = _state_with_signatures()
     rule = ConceptGrouping(group_round=4, share=0.8)
-    assert rule.actions(state, 2) == [] and rule.actions(state, 4) == []
+    assert rule.actions(view_at(state, 2)) == [] and rule.actions(view_at(state, 4)) == []
     state.extra[SIGNATURE_ROWS][4] = 0.0  # client 4 never computed a signature
-    actions = rule.actions(state, 3)
+    actions = rule.actions(view_at(state, 3))
     assert [type(a) for a in actions] == [Reassign, Note]
     reassign = actions[0]
     assert reassign.clients.tolist() == [0, 1, 2, 3]
@@ -163,7 +162,7 @@ def test_fedrc_records_the_signature_before_the_grouping_round_only():
 def _ambiguous_state(hold: int, late_round: int | None = None) -> tuple[ClientState, ConceptGrouping]:
     """Clients 0-2 predict label 0 as 0, client 3 as 1, client 4 half and half; two clusters."""
     rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=hold, late_round=late_round)
-    state = ClientState.initial(5, 2, 2, rule.state_entries())
+    state = ClientState.initial(5, 2, 2, rule.state_entries(2))
     state.seen[:] = True
     state.extra[SIGNATURE][:3, 0] = torch.tensor([0.9, 0.1], dtype=F64)
     state.extra[SIGNATURE][3, 0] = torch.tensor([0.1, 0.9], dtype=F64)
@@ -175,7 +174,7 @@ def _ambiguous_state(hold: int, late_round: int | None = None) -> tuple[ClientSt
 
 def test_a_client_equally_close_to_two_groups_is_left_at_uniform_omega_and_not_held():
     state, rule = _ambiguous_state(hold=3)
-    reassign, held, note = rule.actions(state, 1)
+    reassign, held, note = rule.actions(view_at(state, 1))
     assert isinstance(reassign, Reassign) and isinstance(held, SetState) and isinstance(note, Note)
     assert reassign.clients.tolist() == [0, 1, 2, 3, 4]
     # Client 4's centred row is orthogonal to both others' (distance 1 to each): ratio 1, not < 0.5.
@@ -186,7 +185,7 @@ def test_a_client_equally_close_to_two_groups_is_left_at_uniform_omega_and_not_h
     assert "grouped 4 of 5 clients" in note.text
     # Without hold, no flag to set (and no such entry declared).
     state, rule = _ambiguous_state(hold=0)
-    assert [type(a) for a in rule.actions(state, 1)] == [Reassign, Note] and HELD not in state.extra
+    assert [type(a) for a in rule.actions(view_at(state, 1))] == [Reassign, Note] and HELD not in state.extra
 
 
 def test_a_held_client_gives_every_sample_its_omega_over_the_alive_clusters():
@@ -427,14 +426,14 @@ def test_robust_grouping_is_the_same_on_the_loop_and_the_vectorised_executor(gro
 
 def test_late_pass_places_the_clients_the_margin_left_out_and_holds_them_from_its_round():
     state, rule = _ambiguous_state(hold=2, late_round=4)
-    assert rule.actions(state, 2) == []  # between the passes: nothing
-    reassign, held, _ = rule.actions(state, 1)  # the first pass leaves client 4 (distance 1 to both)
+    assert rule.actions(view_at(state, 2)) == []  # between the passes: nothing
+    reassign, held, _ = rule.actions(view_at(state, 1))  # the first pass leaves client 4 (distance 1 to both)
     state.omega[reassign.clients] = reassign.omega
     state.extra[HELD] = held.value
     assert held.value.tolist() == [GROUPED] * 4 + [0.0]
     # By round 3 client 4's label-0 row leans to label 1, as client 3's (cluster 0) does.
     state.extra[SIGNATURE][4, 0] = torch.tensor([0.3, 0.7], dtype=F64)
-    reassign, held, note = rule.actions(state, 3)
+    reassign, held, note = rule.actions(view_at(state, 3))
     assert reassign.clients.tolist() == [4]
     assert_close(reassign.omega, torch.tensor([[0.8, 0.2]], dtype=F64))
     assert held.name == HELD and held.value.tolist() == [GROUPED] * 4 + [LATE]
@@ -446,7 +445,7 @@ def test_late_pass_places_the_clients_the_margin_left_out_and_holds_them_from_it
         assert {r for r in range(8) if rule.holds(r, extra)} == rounds
     # Nothing left to place: a note only.
     state.extra[HELD][4] = LATE
-    (note,) = rule.actions(state, 3)
+    (note,) = rule.actions(view_at(state, 3))
     assert "no ungrouped client" in note.text
 
 
@@ -459,7 +458,7 @@ def test_late_pass_options_are_checked():
     with pytest.raises(ValueError, match="group_late_round=5 has no effect without group_round"):
         FedRC(3, group_late_round=5)
     # Without hold the flags are still kept (the late pass must know who was grouped).
-    assert HELD in [e.name for e in ConceptGrouping(2, margin=0.7, late_round=4).state_entries()]
+    assert HELD in [e.name for e in ConceptGrouping(2, margin=0.7, late_round=4).state_entries(3)]
 
 
 def test_late_pass_is_the_same_on_the_loop_and_the_vectorised_executor():
@@ -480,7 +479,7 @@ RETIRE_OMEGA = ((0.6, 0.2, 0.2), (0.2, 0.2, 0.6))  # group {0, 1, 2} takes clust
 def test_group_retire_retires_the_clusters_no_group_went_to_when_there_are_two_groups_or_more():
     state = _state_with_signatures(*RETIRE_OMEGA)
     rule = ConceptGrouping(group_round=4, assign="mean", retire=0.0)
-    actions = rule.actions(state, 3)
+    actions = rule.actions(view_at(state, 3))
     assert [type(a) for a in actions] == [Reassign, Note, RemoveClusters, Note]
     reassign, remove = actions[0], actions[2]
     assert reassign.omega.argmax(1).tolist() == [0, 0, 0, 2, 2]
@@ -492,13 +491,13 @@ def test_group_retire_retires_the_clusters_no_group_went_to_when_there_are_two_g
     expected = torch.tensor([[18 / 19, 0.0, 1 / 19]] * 3 + [[1 / 19, 0.0, 18 / 19]] * 2, dtype=F64)
     assert_close(state.omega, expected)
     # With the margin the same groups are sure (their best score is 0), and the same is retired.
-    margin = replace(rule, margin=0.7).actions(_state_with_signatures(*RETIRE_OMEGA), 3)
+    margin = replace(rule, margin=0.7).actions(view_at(_state_with_signatures(*RETIRE_OMEGA), 3))
     assert [type(a) for a in margin] == [Reassign, Note, RemoveClusters, Note]
     assert margin[2].mask.tolist() == [False, True, False]
     # Without the option nothing is retired; with one group (all five alike) neither.
-    without = replace(rule, retire=None).actions(_state_with_signatures(*RETIRE_OMEGA), 3)
+    without = replace(rule, retire=None).actions(view_at(_state_with_signatures(*RETIRE_OMEGA), 3))
     assert [type(a) for a in without] == [Reassign, Note]
-    one_group = rule.actions(_state_with_signatures(*RETIRE_OMEGA, alike=True), 3)
+    one_group = rule.actions(view_at(_state_with_signatures(*RETIRE_OMEGA, alike=True), 3))
     assert [type(a) for a in one_group] == [Reassign, Note]
     assert one_group[0].omega.argmax(1).unique().numel() == 1
 
@@ -506,7 +505,7 @@ def test_group_retire_retires_the_clusters_no_group_went_to_when_there_are_two_g
 def test_group_retire_gives_no_cluster_to_a_group_under_its_share_of_the_rows():
     """Three pairs of clients, each pair predicting label 0 as a different class (A, B, C), three
     alive clusters; pairs A and B hold 20 rows each per client, pair C 5: 10 of the 90 rows."""
-    state = ClientState.initial(6, 3, 3, ConceptGrouping(group_round=4).state_entries())
+    state = ClientState.initial(6, 3, 3, ConceptGrouping(group_round=4).state_entries(3))
     state.seen[:] = True
     for pair, rows in ((0, 20.0), (1, 20.0), (2, 5.0)):
         members = slice(2 * pair, 2 * pair + 2)
@@ -515,13 +514,13 @@ def test_group_retire_gives_no_cluster_to_a_group_under_its_share_of_the_rows():
         state.extra[SIGNATURE_ROWS][members, 0] = rows
         state.omega[members] = 0.2 + 0.4 * one_hot
     rule = ConceptGrouping(group_round=4, margin=0.7, retire=0.12)
-    reassign, note, remove, _ = rule.actions(state, 3)
+    reassign, note, remove, _ = rule.actions(view_at(state, 3))
     assert "grouped 4 of 6 clients" in note.text
     assert reassign.omega[:4].argmax(1).tolist() == [0, 0, 1, 1]
     assert_close(reassign.omega[4:], torch.full((2, 3), 1 / 3, dtype=F64))  # left for the late pass
     assert remove.mask.tolist() == [False, False, True]  # pair C's 10 / 90 = 0.111 < 0.12
     # At a share of 0.11 pair C keeps cluster 2 and no cluster is spare.
-    kept = replace(rule, retire=0.11).actions(state, 3)
+    kept = replace(rule, retire=0.11).actions(view_at(state, 3))
     assert [type(a) for a in kept] == [Reassign, Note]
     assert kept[0].omega.argmax(1).tolist() == [0, 0, 1, 1, 2, 2]
 
@@ -535,3 +534,15 @@ def test_group_retire_is_checked():
     with pytest.raises(ValueError, match="group_retire=0.1 has no effect without group_round"):
         FedRC(3, group_retire=0.1)
     assert FedRC(3, group_round=3, group_retire=0).config.grouping.retire == 0
+
+
+def test_the_component_refuses_a_rule_it_cannot_serve():
+    from lightning_fedcluster.algorithms.ifca import IFCA
+
+    grouping = ConceptGrouping(group_round=2)
+    with pytest.raises(ValueError, match="group_round cannot be combined with adam_gamma"):
+        FedRC(3, adam_gamma=True, components=(grouping,))
+    with pytest.raises(ValueError, match="ConceptGrouping reads the models' outputs"):
+        IFCA(3, components=(grouping,))
+    assert FedRC(3, components=(grouping,)).uses_client_outputs
+    assert FedRC(3, group_round=2).components == (grouping,)

@@ -1,4 +1,4 @@
-"""algorithms/retirement.py: retiring the clusters no client owns, against hand computations (who
+"""algorithms/discovery/retirement.py: retiring the clusters no client owns, against hand computations (who
 owns what, ties, dead and unseen clients, when it acts), its option checks, and real fits: it
 retires, keeps loop = vectorised, and resumes bit-identically from a checkpoint before it acts."""
 
@@ -10,9 +10,14 @@ from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms.actions import Note, RemoveClusters
 from lightning_fedcluster.algorithms.client_state import ClientState
+from lightning_fedcluster.algorithms.discovery.retirement import (
+    ClusterRetirement,
+    cluster_owners,
+    unowned_clusters,
+)
 from lightning_fedcluster.algorithms.fedrc import FedRC
-from lightning_fedcluster.algorithms.retirement import ClusterRetirement, cluster_owners, unowned_clusters
 from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
+from tests.helpers.algorithms import view_at
 from tests.helpers.weights import assert_same_fit
 
 F64 = torch.float64
@@ -70,8 +75,8 @@ def test_one_alive_cluster_is_owned_by_every_seen_client():
 
 def test_retirement_acts_from_its_round_on_and_the_store_renormalises_omega():
     state = _state()
-    assert ClusterRetirement(after=6).actions(state, 5) == []
-    remove, note = ClusterRetirement(after=5).actions(state, 5)
+    assert ClusterRetirement(after=6).actions(view_at(state, 5)) == []
+    remove, note = ClusterRetirement(after=5).actions(view_at(state, 5))
     assert isinstance(remove, RemoveClusters) and remove.mask.tolist() == [False, False, True, False]
     assert isinstance(note, Note)
     assert note.text == "round 6: retired cluster(s) [2] (no client's largest ω); 2 remain"
@@ -81,7 +86,7 @@ def test_retirement_acts_from_its_round_on_and_the_store_renormalises_omega():
     assert_close(state.omega[0], torch.tensor([2 / 9, 7 / 9, 0.0, 0.0], dtype=F64))
     assert_close(state.omega[3], torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=F64))
     # Nothing left to retire: no action at all.
-    assert ClusterRetirement(after=5).actions(state, 6) == []
+    assert ClusterRetirement(after=5).actions(view_at(state, 6)) == []
 
 
 class _Target:

@@ -20,26 +20,31 @@ tests the hypothesis that one model explains both clusters' clients.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note, ServerAction
-from lightning_fedcluster.algorithms.client_state import ClientState, StateEntry
-from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, client_scores, scores_entry
-from lightning_fedcluster.algorithms.reseed import cluster_shares
-from lightning_fedcluster.algorithms.server_view import ClientStoreView
-
-__all__ = ["CLUSTER_SCORES", "ClusterMerging", "client_scores", "closest_pair", "pair_gaps", "scores_entry"]
+from lightning_fedcluster.algorithms.discovery.protocol import (
+    CLUSTER_SCORES,
+    Component,
+    DiscoveryView,
+    cluster_shares,
+)
+from lightning_fedcluster.algorithms.discovery.runner import rule_option
 
 
 @dataclass(frozen=True)
-class ClusterMerging:
+class ClusterMerging(Component):
     """``threshold``: merge when the members' mean log-likelihood gap is below this (nats per
-    sample); ``after``: the first round (0-based) after which merges are considered."""
+    sample); ``after``: the first round (0-based) after which merges are considered. Decisive (a
+    K decision); reads each client's mean E-step score per cluster."""
 
     threshold: float
     after: int = 0
+    decisive = True
+    wants_scores = True
 
     def __post_init__(self) -> None:
         if (
@@ -51,14 +56,16 @@ class ClusterMerging:
         if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
             raise ValueError(f"merge_after must be a number of rounds >= 0, got {self.after!r}")
 
-    def state_entries(self, num_clusters: int) -> tuple[StateEntry, ...]:
-        """Each client's mean E-step score per cluster [K], reported."""
-        return (scores_entry(num_clusters),)
+    def check(self, rule: Any) -> None:
+        if rule_option(rule, "adam_gamma"):
+            raise ValueError(
+                "merging cannot be combined with adam_gamma (a merge would have to move each sample's "
+                "γ too): use one or the other"
+            )
 
-    def actions(
-        self, state: ClientState | ClientStoreView, sizes: Tensor, round_index: int
-    ) -> list[ServerAction]:
-        """After round ``round_index``: the merge of the closest pair when due, else none."""
+    def actions(self, view: DiscoveryView) -> list[ServerAction]:
+        """After round ``view.round_index``: the merge of the closest pair when due, else none."""
+        round_index, state, sizes = view.round_index, view.state, view.outcome.train_sizes
         if round_index < self.after:
             return []
         found = closest_pair(state.omega, state.extra[CLUSTER_SCORES], sizes, state.seen, state.active)

@@ -1,4 +1,4 @@
-"""algorithms/hold_release.py: the early release from the grouping's hold against hand computations
+"""algorithms/discovery/release.py: the early release from the grouping's hold against hand computations
 (the margin, the streak of held rounds in a row, the release and its flag), its wiring into FedRC's
 server step and options, and through a fit: released clients move while the held keep their ω
 (resume and loop = vectorised with releases: ``test_grouping.py``'s ``RELEASING`` cases)."""
@@ -6,18 +6,19 @@ server step and options, and through a fit: released clients move while the held
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note, SetState
+from lightning_fedcluster.algorithms.discovery.grouping import GROUPED, HELD, LATE, RELEASED, ConceptGrouping
+from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.release import STREAK, HoldRelease, release_margins
 from lightning_fedcluster.algorithms.fedrc import FedRC
-from lightning_fedcluster.algorithms.grouping import GROUPED, HELD, LATE, RELEASED, ConceptGrouping
-from lightning_fedcluster.algorithms.hold_release import STREAK, HoldRelease, release_margins
-from lightning_fedcluster.algorithms.merging import CLUSTER_SCORES
-from lightning_fedcluster.algorithms.server_view import ClientStoreView, RoundOutcome
-from tests.algorithms.test_grouping import RELEASING, ROBUST, _grouped_fit
+from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
+from tests.algorithms.discovery.test_grouping import RELEASING, ROBUST, _grouped_fit
 from tests.helpers.algorithms import server_view, store, t
 
 F64 = torch.float64
@@ -57,7 +58,7 @@ def _state(flags, scores, omega, streak=None):
 SCORES = [[-1.0, -0.5, 0.0], [-1.0, -1.1, 5.0], [-1.0, -2.0, -2.0], [-0.5, -1.0, -2.0]]
 OMEGA = [[0.8, 0.1, 0.1], [0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.8, 0.1]]
 GROUPING = ConceptGrouping(group_round=2, hold=4)
-RELEASE = HoldRelease(margin=0.25, rounds=2)
+RELEASE = HoldRelease(GROUPING, margin=0.25, rounds=2)
 
 
 def _outcome(round_index, clients):
@@ -65,28 +66,31 @@ def _outcome(round_index, clients):
     return RoundOutcome(round_index, clients, t(OMEGA)[clients], torch.ones(len(clients)), torch.ones(4))
 
 
+def _view(state, round_index, clients) -> DiscoveryView:
+    return DiscoveryView(ServerView(_outcome(round_index, clients), state, []))
+
+
 def test_a_streak_counts_held_rounds_in_a_row_and_releases_at_its_length():
     _, state = _state([GROUPED, GROUPED, 0.0, GROUPED], SCORES, OMEGA, streak=[0.0, 1.0, 0.0, 1.0])
-    view = ClientStoreView(state)
     # Held round 2 (the first of the hold): client 0 counts one, client 1's margin −0.1 resets its
     # streak, client 2 (not held) and client 3 (no report this round) keep theirs. Nobody is released.
-    (streak,) = RELEASE.actions(view, _outcome(2, [0, 1, 2]), GROUPING)
+    (streak,) = RELEASE.actions(_view(state, 2, [0, 1, 2]))
     assert streak == SetState(STREAK, streak.value) and streak.value.tolist() == [1.0, 0.0, 0.0, 1.0]
     state.extra[STREAK] = streak.value
     # The next held round: client 0 reaches 2 in a row and is released (flag RELEASED), client 3
     # (margin 0.5, streak 1) reports this time and is released with it.
-    streak, flags, note = RELEASE.actions(view, _outcome(3, [0, 1, 3]), GROUPING)
+    streak, flags, note = RELEASE.actions(_view(state, 3, [0, 1, 3]))
     assert streak.value.tolist() == [2.0, 0.0, 0.0, 2.0]
     assert flags == SetState(HELD, flags.value) and flags.value.tolist() == [RELEASED, GROUPED, 0.0, RELEASED]
     assert isinstance(note, Note) and "released clients [0, 3]" in note.text
     # After the hold (rounds 2-5 held) nothing is counted: no action at all.
-    assert RELEASE.actions(view, _outcome(6, [0, 1, 2, 3]), GROUPING) == []
+    assert RELEASE.actions(_view(state, 6, [0, 1, 2, 3])) == []
 
 
 def test_with_every_client_in_one_cluster_nobody_is_released():
     # One concept: every client owns cluster 0, and the spares score far higher: no margin at all.
     _, state = _state([GROUPED] * 4, [[-3.0, 2.0, 2.0]] * 4, [[0.8, 0.1, 0.1]] * 4, streak=[1.0] * 4)
-    (streak,) = RELEASE.actions(ClientStoreView(state), _outcome(3, [0, 1, 2, 3]), GROUPING)
+    (streak,) = RELEASE.actions(_view(state, 3, [0, 1, 2, 3]))
     assert streak.value.tolist() == [0.0] * 4
 
 
@@ -94,10 +98,10 @@ def test_the_late_pass_s_clients_count_in_their_own_held_rounds():
     grouping = ConceptGrouping(group_round=2, margin=0.7, hold=2, late_round=4)
     _, state = _state([GROUPED, LATE, 0.0, 0.0], SCORES, OMEGA)
     # Round 4: the first pass's hold (rounds 2, 3) is over, the late pass's (4, 5) runs.
-    (streak,) = RELEASE.actions(ClientStoreView(state), _outcome(4, [0, 1]), grouping)
+    (streak,) = replace(RELEASE, grouping=grouping).actions(_view(state, 4, [0, 1]))
     assert streak.value.tolist() == [0.0, 0.0, 0.0, 0.0]  # client 1 held, its margin −0.1: reset
     state.extra[CLUSTER_SCORES][1] = t([-1.0, -0.2, 5.0])  # now cluster 1 beats its own by 0.8
-    (streak,) = RELEASE.actions(ClientStoreView(state), _outcome(4, [0, 1]), grouping)
+    (streak,) = replace(RELEASE, grouping=grouping).actions(_view(state, 4, [0, 1]))
     assert streak.value.tolist() == [0.0, 1.0, 0.0, 0.0]
 
 
@@ -160,3 +164,16 @@ def test_released_clients_move_while_the_held_keep_their_grouped_omega():
     # Without the release the same fit holds every grouped client to the end of the hold.
     plain = _grouped_fit(5, grouping={**ROBUST, "group_hold": 3}).lightning_module.client_state
     assert bool((plain.extra[HELD] == GROUPED)[released | held].all())
+
+
+def test_a_release_needs_its_grouping_with_a_hold_before_it_among_the_rule_s_components():
+    grouping = ConceptGrouping(group_round=2, hold=4)
+    release = HoldRelease(grouping, margin=0.25)
+    assert FedRC(3, components=(grouping, release)).components == (grouping, release)
+    for components in ((release,), (release, grouping)):
+        with pytest.raises(ValueError, match="needs its concept grouping among the rule.s components"):
+            FedRC(3, components=components)
+    with pytest.raises(ValueError, match="give a ConceptGrouping with hold > 0"):
+        HoldRelease(ConceptGrouping(group_round=2), margin=0.25)
+    options = {"group_round": 2, "group_hold": 4, "group_release": 0.25, "group_release_rounds": 3}
+    assert FedRC(3, **options).components == (grouping, HoldRelease(grouping, 0.25, 3))
