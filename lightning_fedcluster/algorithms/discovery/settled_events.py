@@ -24,11 +24,15 @@ from __future__ import annotations
 import torch
 
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note, RemoveClusters, ServerAction
+from lightning_fedcluster.algorithms.discovery.merging import closest_pair
 from lightning_fedcluster.algorithms.discovery.placement import PLACED, PLACED_AT
-from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, Component, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.protocol import (
+    CLUSTER_SCORES,
+    Component,
+    DiscoveryView,
+    cluster_shares,
+)
 from lightning_fedcluster.algorithms.discovery.signature_trigger import DONE, RUN_SHARE
-from lightning_fedcluster.algorithms.merging import closest_pair
-from lightning_fedcluster.algorithms.reseed import cluster_shares
 
 QUIET_ROUNDS = 3
 PLACED_SHARE = 0.8  # the share of the seen clients placed before K events (or LATE_SHARE of the run)

@@ -29,9 +29,9 @@ from lightning_fedcluster.algorithms.actions import Note, Reassign, ServerAction
 from lightning_fedcluster.algorithms.client_state import CLASSES, Scope, StateEntry
 from lightning_fedcluster.algorithms.discovery.placement import place_clients
 from lightning_fedcluster.algorithms.discovery.protocol import ClientTurn, Component, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.retirement import retire_spare
 from lightning_fedcluster.algorithms.discovery.signals import best_partition, partition_agreement
-from lightning_fedcluster.algorithms.grouping import cluster_omega, group_clusters
-from lightning_fedcluster.algorithms.retirement import retire_spare
+from lightning_fedcluster.algorithms.group_scores import cluster_omega, group_clusters
 from lightning_fedcluster.algorithms.signatures import (
     canonical_labels,
     client_signature,

@@ -158,7 +158,6 @@ def test_fedrc_records_the_signature_before_the_grouping_round_only():
 # --- mean-distance assignment, margin, hold ---------------------------------------------------------
 
 
-
 def _ambiguous_state(hold: int, late_round: int | None = None) -> tuple[ClientState, ConceptGrouping]:
     """Clients 0-2 predict label 0 as 0, client 3 as 1, client 4 half and half; two clusters."""
     rule = ConceptGrouping(group_round=2, share=0.8, margin=0.5, hold=hold, late_round=late_round)
@@ -337,7 +336,10 @@ RELEASING = {**ROBUST, "group_hold": 3, "group_release": 0.0, "group_release_rou
 # The ω weighting, and every local gradient clipped (the strategy's gradient_clip_val): a setting
 # that changes the weights, resumed with the rest.
 OMEGA_WEIGHTED = {
-    **RELEASING, "omega_weighting_from": 3, "omega_weighting_ramp": 1, "omega_weighting_strength": 0.5,
+    **RELEASING,
+    "omega_weighting_from": 3,
+    "omega_weighting_ramp": 1,
+    "omega_weighting_strength": 0.5,
     "gradient_clip_val": 0.5,
 }
 

@@ -23,6 +23,7 @@ from tests.helpers.algorithms import server_view, store, t
 
 F64 = torch.float64
 
+
 def test_the_margin_is_the_best_other_target_cluster_minus_the_own():
     scores = t([[-1.0, -0.5, -3.0], [-2.2, -2.5, -0.2], [-1.0, -2.0, -0.4]])
     omega = t([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
@@ -152,6 +153,7 @@ def test_release_options_out_of_range_are_refused_by_name(options, message):
 
 
 # --- through a fit -------------------------------------------------------------------------------------
+
 
 def test_released_clients_move_while_the_held_keep_their_grouped_omega():
     state = _grouped_fit(5, grouping=RELEASING).lightning_module.client_state
