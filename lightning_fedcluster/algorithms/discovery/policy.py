@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from lightning_fedcluster.algorithms.discovery.placement import Placement
 from lightning_fedcluster.algorithms.discovery.protocol import Component
 from lightning_fedcluster.algorithms.discovery.settled_events import SettledEvents
-from lightning_fedcluster.algorithms.discovery.signature_trigger import SignatureGrouping
 
 
 @dataclass(frozen=True)
@@ -46,10 +45,6 @@ class ConceptDiscovery:
             raise ValueError(f"gap must be > 0 (nats per sample, e.g. 0.02), got {gap!r}")
 
     def components(self) -> tuple[Component, ...]:
-        """The mechanisms, in the order the server runs them after a round: placement first (its
-        bookkeeping), then the grouping (which may place clients over it), then the K events."""
-        return (
-            Placement(),
-            SignatureGrouping(self.min_share),
-            SettledEvents(self.gap, self.min_share),
-        )
+        """The mechanisms, in the order the server runs them after a round: placement (its
+        bookkeeping every round), then the K events (one a round, when they fire)."""
+        return (Placement(), SettledEvents(self.gap, self.min_share))
