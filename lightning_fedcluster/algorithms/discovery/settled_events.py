@@ -14,11 +14,7 @@ specialised, every pair of clusters looks alike. So these events wait for three 
   rounds.
 
 Then, at most one event a round: the two clusters whose members fit both within ``gap`` nats per
-sample (``merging.py``'s gap), or within ``MERGE_RATIO`` of the widest pair's gap when three or
-more pairs are compared, merge (the one explaining less of the data goes into the other); the
-relative test scales with the task (two models of one digit concept trained on different
-clients differ by more than two rule concepts early in training), the absolute one serves
-one-concept data, where every pair is alike; or
+sample merge (``merging.py``'s gap; the one explaining less of the data goes into the other), or
 else the alive cluster with the smallest share of the rows is removed when that share is below
 ``min_share``. One at a time, each on its own evidence, so no round removes more than it measured.
 """
@@ -28,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note, RemoveClusters, ServerAction
-from lightning_fedcluster.algorithms.discovery.merging import pair_gaps
+from lightning_fedcluster.algorithms.discovery.merging import closest_pair
 from lightning_fedcluster.algorithms.discovery.placement import PLACED, PLACED_AT
 from lightning_fedcluster.algorithms.discovery.protocol import (
     CLUSTER_SCORES,
@@ -42,7 +38,6 @@ QUIET_ROUNDS = 3
 PLACED_SHARE = 0.8  # the share of the seen clients placed before K events (or LATE_SHARE of the run)
 LATE_SHARE = 2 / 3
 MAX_MOVED = 0.1
-MERGE_RATIO = 0.25  # a pair this much closer than the widest pair is one concept
 TURNS_SEEN = 3  # an unbounded run: participations of every seen client before any K event
 
 
@@ -89,22 +84,20 @@ class SettledEvents(Component):
             return []
         sizes, omega, seen, active = outcome.train_sizes, state.omega, state.seen, state.active
         round_number = outcome.round_index + 1
+        found = closest_pair(omega, state.extra[CLUSTER_SCORES], sizes, seen, active)
         share = cluster_shares(omega, sizes, seen)
-        gaps = pair_gaps(omega, state.extra[CLUSTER_SCORES], sizes, seen, active)
-        if gaps:
-            (first, second), gap = min(gaps.items(), key=lambda item: (item[1], item[0]))
-            widest = max(gaps.values())
-            if gap < self.gap or (len(gaps) >= 3 and gap < MERGE_RATIO * widest):
-                larger = float(share[first]) >= float(share[second])
-                target, source = (first, second) if larger else (second, first)
-                return [
-                    MergeClusters(target=target, source=source),
-                    Note(
-                        f"round {round_number}: merged cluster {source} into cluster {target} (their members "
-                        f"fit both within {gap:.3f} nats per sample: below {self.gap}, or below "
-                        f"{MERGE_RATIO} of the widest pair's {widest:.3f}; {why})"
-                    ),
-                ]
+        if found is not None and found[0] < self.gap:
+            gap, first, second = found
+            target, source = (
+                (first, second) if float(share[first]) >= float(share[second]) else (second, first)
+            )
+            return [
+                MergeClusters(target=target, source=source),
+                Note(
+                    f"round {round_number}: merged cluster {source} into cluster {target} (their members fit "
+                    f"both within {gap:.3f} nats per sample, below {self.gap}; {why})"
+                ),
+            ]
         masked = torch.where(active, share, torch.full_like(share, torch.inf))
         smallest = int(masked.argmin())
         if float(share[smallest]) >= self.min_share:
