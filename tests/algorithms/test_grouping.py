@@ -304,10 +304,8 @@ def _grouped_fit(rounds: int, executor: str = "loop", grouping=None, **trainer_o
         3,
         clients_per_round=6,
         local_steps=2,
-        group_round=2,
-        group_share=0.8,
+        config=FedRC.Config(group_round=2, group_share=0.8, **(grouping or {})),
         executor=executor,
-        **(grouping or {}),
     )
     trainer = make_trainer(strategy, max_epochs=rounds, **trainer_options)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0))
@@ -372,7 +370,11 @@ def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, ep
     (checkpoint,) = tmp_path.glob(f"epoch={epoch}-*.ckpt")
     torch.manual_seed(0)
     strategy = lf.FedRCStrategy(
-        3, clients_per_round=6, local_steps=2, group_round=2, group_share=0.8, executor="loop", **grouping
+        3,
+        clients_per_round=6,
+        local_steps=2,
+        config=FedRC.Config(group_round=2, group_share=0.8, **grouping),
+        executor="loop",
     )
     resumed = make_trainer(strategy, max_epochs=5)
     resumed.fit(

@@ -14,6 +14,7 @@ from lightning_fedcluster import (
     ClusteredModule,
     FedRCStrategy,
 )
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from tests.conftest import make_trainer
@@ -61,7 +62,9 @@ def test_fedrc_separates_three_concepts_that_fedavg_cannot_fit():
 
 
 def test_fedrc_removes_clusters_mid_training_and_freezes_them(digits):
-    strategy = FedRCStrategy(4, clients_per_round=6, local_steps=2, removal_threshold=0.3)
+    strategy = FedRCStrategy(
+        4, clients_per_round=6, local_steps=2, config=FedRC.Config(removal_threshold=0.3),
+    )
     trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
     module = trainer.lightning_module
@@ -80,7 +83,9 @@ def test_fedrc_removes_clusters_mid_training_and_freezes_them(digits):
 
 def test_removal_after_keeps_every_cluster_until_its_round(digits):
     # the same fit as above removes clusters within two rounds; removal_after=2 waits past them
-    strategy = FedRCStrategy(4, clients_per_round=6, local_steps=2, removal_threshold=0.3, removal_after=2)
+    strategy = FedRCStrategy(
+        4, clients_per_round=6, local_steps=2, config=FedRC.Config(removal_threshold=0.3, removal_after=2),
+    )
     trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
     assert trainer.lightning_module.client_state.active.all()
@@ -90,7 +95,7 @@ def test_removal_after_keeps_every_cluster_until_its_round(digits):
 
 
 def test_label_noise_needs_one_sigma_per_client(digits):
-    trainer = make_trainer(FedRCStrategy(3, label_noise_std=[0.1, 0.2]), max_epochs=1)
+    trainer = make_trainer(FedRCStrategy(3, config=FedRC.Config(label_noise_std=[0.1, 0.2])), max_epochs=1)
     with pytest.raises(ValueError, match="label_noise_std has 2 values .* 12 clients"):
         trainer.fit(MLPClassifier(), datamodule=digits)
 

@@ -112,7 +112,9 @@ def test_each_strategys_rule_options_default_as_its_rules_config(cls):
 
 
 def test_the_strategy_forwards_its_options_into_the_frozen_config_and_checks_them_once():
-    strategy = strategies.FedRCStrategy(3, adam_gamma=True, label_noise_std=[0.1, 0.2], seed=7)
+    strategy = strategies.FedRCStrategy(
+        3, config=FedRC.Config(adam_gamma=True, label_noise_std=[0.1, 0.2]), seed=7,
+    )
     assert strategy.algorithm.config == FedRC.Config(
         adam_gamma=True, label_noise_std=(0.1, 0.2), reseed_seed=7
     )
