@@ -89,6 +89,7 @@ class FedRCStrategy(FederatedStrategy):
         reject_moved_options(type(self).__name__, kwargs)
         super().__init__(num_clusters, **kwargs)
         config = self._own_config(config)
+        self.discovery = discovery
         components = None if discovery is None else self._discovery_components(discovery, config)
         self._rule = FedRC(num_clusters, config, components=components)
 
