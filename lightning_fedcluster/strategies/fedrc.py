@@ -35,7 +35,8 @@ def moved_options() -> list[str]:
 def reject_moved_options(strategy: str, given: Mapping[str, Any]) -> None:
     """A TypeError, before anything is built, for FedRC options given as strategy keywords: it
     names every one given and the ``config=`` that carries them, with the values given."""
-    moved = [name for name in moved_options() if name in given]
+    options = set(moved_options())
+    moved = [name for name in given if name in options]  # in the order given
     if not moved:
         return
     as_config = ", ".join(f"{name}={given[name]!r}" for name in moved)
