@@ -356,9 +356,9 @@ def fedrc_keywords(options: dict[str, Any]) -> dict[str, Any]:
     ``FedRC.Config`` options (flags, a configuration's dict) go into ``config=FedRC.Config(...)``,
     the others stay the strategy's; no Config option: no ``config`` (the paper's defaults)."""
     from lightning_fedcluster.algorithms import FedRC
-    from lightning_fedcluster.strategies.fedrc import moved_options
+    from lightning_fedcluster.strategies.fedrc import config_options
 
-    rule = set(moved_options())
+    rule = set(config_options())
     config = {name: value for name, value in options.items() if name in rule}
     keywords = {name: value for name, value in options.items() if name not in rule}
     return {**keywords, "config": FedRC.Config(**config)} if config else keywords

@@ -26,16 +26,16 @@ RULE_OPTIONS = frozenset(
 SET_BY_THE_STRATEGY = {"use_label_stats": "the strategy's class", "reseed_seed": "the strategy's seed"}
 
 
-def moved_options() -> list[str]:
+def config_options() -> list[str]:
     """The Config's options a user may set (every field but those the strategy sets), read from
     the fields so that they follow the Config."""
     return [field.name for field in fields(FedRCConfig) if field.name not in SET_BY_THE_STRATEGY]
 
 
-def reject_moved_options(strategy: str, given: Mapping[str, Any]) -> None:
+def reject_config_keywords(strategy: str, given: Mapping[str, Any]) -> None:
     """A TypeError, before anything is built, for FedRC options given as strategy keywords: it
     names every one given and the ``config=`` that carries them, with the values given."""
-    options = set(moved_options())
+    options = set(config_options())
     moved = [name for name in given if name in options]  # in the order given
     if not moved:
         return
@@ -87,7 +87,7 @@ class FedRCStrategy(FederatedStrategy):
         config: FedRCConfig | None = None,
         **kwargs: Any,
     ) -> None:
-        reject_moved_options(type(self).__name__, kwargs)
+        reject_config_keywords(type(self).__name__, kwargs)
         super().__init__(num_clusters, **kwargs)
         config = self._own_config(config)
         self.discovery = discovery

@@ -7,6 +7,7 @@ import lightning_fedcluster as lf
 from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
+from tests.helpers.mechanisms import EVERY_MECHANISM
 
 ROUNDS = 3
 STRATEGIES = {
@@ -47,20 +48,7 @@ STRATEGIES = {
     "fedrc_grouping": lambda: lf.FedRCStrategy(
         4,
         local_steps=2,
-        config=FedRC.Config(
-            group_round=1,
-            group_hold=2,
-            group_ramp=1,
-            group_margin=0.9,
-            group_retire=0.2,
-            group_release=0.0,
-            group_release_rounds=1,
-            merge_threshold=100.0,
-            merge_after=2,
-            omega_weighting_from=1,
-            omega_weighting_ramp=1,
-            omega_weighting_strength=0.5,
-        ),
+        config=EVERY_MECHANISM,
         gradient_clip_val=0.5,
         executor="loop",
     ),

@@ -19,6 +19,7 @@ from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from lightning_fedcluster.prediction import concat_predictions
 from lightning_fedcluster.strategies.round_arguments import Execution
+from tests.helpers.mechanisms import EVERY_MECHANISM
 
 
 def docs_example() -> dict:
@@ -77,20 +78,7 @@ STRATEGIES = {
         4,
         clients_per_round=cpr,
         local_steps=3,
-        config=FedRC.Config(
-            group_round=1,
-            group_hold=2,
-            group_ramp=1,
-            group_margin=0.9,
-            group_retire=0.2,
-            group_release=0.0,
-            group_release_rounds=1,
-            merge_threshold=100.0,
-            merge_after=2,
-            omega_weighting_from=1,
-            omega_weighting_ramp=1,
-            omega_weighting_strength=0.5,
-        ),
+        config=EVERY_MECHANISM,
         gradient_clip_val=0.5,
     ),
     "fedrc_retire": lambda cpr: lf.FedRCStrategy(
