@@ -293,6 +293,11 @@ def test_fedrc_holds_only_flagged_clients_and_only_in_the_hold_rounds():
 # --- through a fit -------------------------------------------------------------------------------------
 
 
+def _rule_options(grouping: dict | None) -> dict:
+    """``grouping``'s FedRC options (all but the strategy's ``gradient_clip_val``)."""
+    return {name: value for name, value in (grouping or {}).items() if name != "gradient_clip_val"}
+
+
 def _grouped_fit(rounds: int, executor: str = "loop", grouping=None, **trainer_options):
     import lightning_fedcluster as lf
     from lightning_fedcluster.datamodules import DigitsFederated
@@ -304,7 +309,8 @@ def _grouped_fit(rounds: int, executor: str = "loop", grouping=None, **trainer_o
         3,
         clients_per_round=6,
         local_steps=2,
-        config=FedRC.Config(group_round=2, group_share=0.8, **(grouping or {})),
+        config=FedRC.Config(group_round=2, group_share=0.8, **_rule_options(grouping)),
+        gradient_clip_val=(grouping or {}).get("gradient_clip_val"),
         executor=executor,
     )
     trainer = make_trainer(strategy, max_epochs=rounds, **trainer_options)
@@ -373,7 +379,8 @@ def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, ep
         3,
         clients_per_round=6,
         local_steps=2,
-        config=FedRC.Config(group_round=2, group_share=0.8, **grouping),
+        config=FedRC.Config(group_round=2, group_share=0.8, **_rule_options(grouping)),
+        gradient_clip_val=grouping.get("gradient_clip_val"),
         executor="loop",
     )
     resumed = make_trainer(strategy, max_epochs=5)
