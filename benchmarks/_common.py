@@ -349,3 +349,16 @@ def grouping_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.gradient_clip_val is not None:
         options["gradient_clip_val"] = args.gradient_clip_val
     return options
+
+
+def fedrc_keywords(options: dict[str, Any]) -> dict[str, Any]:
+    """``FedRCStrategy``'s (``FedEMStrategy``'s) keywords from a benchmark's flat options: the
+    ``FedRC.Config`` options (flags, a configuration's dict) go into ``config=FedRC.Config(...)``,
+    the others stay the strategy's; no Config option: no ``config`` (the paper's defaults)."""
+    from lightning_fedcluster.algorithms import FedRC
+    from lightning_fedcluster.strategies.fedrc import config_options
+
+    rule = set(config_options())
+    config = {name: value for name, value in options.items() if name in rule}
+    keywords = {name: value for name, value in options.items() if name not in rule}
+    return {**keywords, "config": FedRC.Config(**config)} if config else keywords

@@ -61,6 +61,7 @@ from _common import (
     add_grouping_arguments,
     clock,
     command_line,
+    fedrc_keywords,
     grouping_options,
     machine_line,
     make_trainer,
@@ -146,10 +147,10 @@ def make_strategy(
         if "__init__" in vars(cls) and cls.__module__.startswith("lightning_fedcluster")
     )
     if not known:
-        return FedRCStrategy(k, **options), "unsupported"
-    strategy = FedRCStrategy(k, optimizer_state=optimizer_state, **options)
+        return FedRCStrategy(k, **fedrc_keywords(options)), "unsupported"
+    strategy = FedRCStrategy(k, optimizer_state=optimizer_state, **fedrc_keywords(options))
     if "optimizer_state" in getattr(strategy, "_ddp_kwargs", {}):
-        return FedRCStrategy(k, **options), "unsupported"
+        return FedRCStrategy(k, **fedrc_keywords(options)), "unsupported"
     return strategy, optimizer_state
 
 

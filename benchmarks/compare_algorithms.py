@@ -28,6 +28,7 @@ import torch
 from _common import make_trainer
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.metrics.clustering import concept_ari
 from lightning_fedcluster.models import MLPClassifier
@@ -50,7 +51,11 @@ ALGORITHMS: dict[str, Callable[[int], lf.FederatedStrategy]] = {
     "D-FedEM K=3 (all clients)": lambda seed: lf.DFedEMStrategy(3, seed=seed, **COMMON),
     "FedRC K=3": lambda seed: lf.FedRCStrategy(3, clients_per_round=10, seed=seed, **COMMON),
     "FedRC K=6, δ=0.05": lambda seed: lf.FedRCStrategy(
-        6, removal_threshold=0.05, clients_per_round=10, seed=seed, **COMMON
+        6,
+        config=FedRC.Config(removal_threshold=0.05),
+        clients_per_round=10,
+        seed=seed,
+        **COMMON,
     ),
 }
 COLUMNS = ("local_acc", "global_acc", "concept_ari", "style_ari", "label_ari", "clusters")

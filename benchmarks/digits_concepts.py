@@ -36,7 +36,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from _common import add_grouping_arguments, grouping_options, make_trainer
+from _common import add_grouping_arguments, fedrc_keywords, grouping_options, make_trainer
 from _takeoff_variants import anneal
 
 from lightning_fedcluster import FedRCStrategy
@@ -95,7 +95,7 @@ def run(num_clusters: int, seed: int, args: argparse.Namespace) -> dict[str, flo
         local_steps=5,
         seed=seed,
         optimizer_state=args.optimizer_state,
-        **options,
+        **fedrc_keywords(options),
     )
     anneal(strategy, args.anneal)
     callbacks = [TakeoffDiagnostics(every=args.diagnostics_every)] if args.diagnostics else []

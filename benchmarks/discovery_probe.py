@@ -40,7 +40,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _common import machine_line, make_trainer, quiet, set_threads
+from _common import fedrc_keywords, machine_line, make_trainer, quiet, set_threads
 from authors_data import digits_28
 
 from lightning_fedcluster import (
@@ -278,6 +278,8 @@ def run(name: str, seed: int, rounds: int, diagnostics: bool, kind: str) -> dict
     strategy_class, k, options = CONFIGS[name]
     per_round = 15 if kind == "digits" else 10
     common = dict(local_steps=5, clients_per_round=per_round, optimizer_state="persist", seed=seed)
+    if issubclass(strategy_class, FedRCStrategy):
+        options = fedrc_keywords(options)
     strategy = strategy_class(**common, **options) if k == 1 else strategy_class(k, **common, **options)
     if kind == "digits":
         # off the take-off cells' recipe: 5 local steps, half of the clients per round, a small CNN

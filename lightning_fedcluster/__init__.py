@@ -1,5 +1,6 @@
 """lightning-fedcluster: clustered and soft-clustered federated learning for PyTorch Lightning."""
 
+from lightning_fedcluster.algorithms.discovery.policy import ConceptDiscovery
 from lightning_fedcluster.datamodules import FederatedDataModule
 from lightning_fedcluster.module import ClusteredModule
 from lightning_fedcluster.strategies import (
@@ -20,6 +21,7 @@ __all__ = [
     "CFLStrategy",
     "DFedEMStrategy",
     "ClusteredModule",
+    "ConceptDiscovery",
     "FedAvgStrategy",
     "FedEMStrategy",
     "FedProxStrategy",

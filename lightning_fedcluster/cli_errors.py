@@ -11,12 +11,14 @@ and the full report is shown only with ``FEDCLUSTER_DEBUG=1`` (or jsonargparse's
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
 import os
 import re
 import sys
+import typing
 from typing import Any, NoReturn
 
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
@@ -175,7 +177,8 @@ def option_names(parser: Any) -> list[str]:
 
 def argument_names(class_path: str) -> list[str]:
     """The constructor arguments jsonargparse accepts for ``class_path`` (its own resolution, which
-    follows **kwargs into base classes; the plain signature where that is unavailable)."""
+    follows **kwargs into base classes; the plain signature where that is unavailable), and the
+    fields of a dataclass argument as ``argument.field`` (``config.group_round``)."""
     try:
         cls = import_class(class_path)
     except (ImportError, AttributeError, ValueError):
@@ -183,9 +186,15 @@ def argument_names(class_path: str) -> list[str]:
     try:
         from jsonargparse._parameter_resolvers import get_signature_parameters
 
-        return [parameter.name for parameter in get_signature_parameters(cls, None)]
+        parameters = get_signature_parameters(cls, None)
     except Exception:  # a private jsonargparse helper: fall back to the signature
         return [name for name in inspect.signature(cls).parameters if name not in ("self", "args", "kwargs")]
+    names = [parameter.name for parameter in parameters]
+    for parameter in parameters:
+        for option in typing.get_args(parameter.annotation) or (parameter.annotation,):
+            if dataclasses.is_dataclass(option):
+                names += [f"{parameter.name}.{field.name}" for field in dataclasses.fields(option)]
+    return names
 
 
 def import_class(class_path: str) -> type:

@@ -19,8 +19,10 @@ from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lightning_fedcluster import ConceptDiscovery
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary, RoundProgressBar
-from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS, log_location, run_cli
+from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS, FedClusterCLI, log_location, run_cli
 from lightning_fedcluster.datamodules import DigitsFederated, FederatedDataModule, TensorFileFederated
 from lightning_fedcluster.datamodules.datasets.digits import load_digits_tensors
 from lightning_fedcluster.models import SmallCNN
@@ -405,3 +407,65 @@ def test_each_subcommands_help_says_how_data_takes_a_file(subcommand, capsys):
         run_cli([subcommand, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"--data: {' '.join(DATA_HELP.split())}" in text
+
+
+def built(*args: str) -> FedClusterCLI:
+    """The CLI's classes built from ``args`` on the main job's defaults (real parsing), no fit."""
+    return FedClusterCLI(
+        LightningModule,
+        FederatedDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=["--trainer.logger=false", *args],
+        run=False,
+    )
+
+
+MAIN_JOB_CONFIG = FedRC.Config(
+    group_round=20, group_assign="mean", group_margin=0.7, group_hold=10, group_late_round=25,
+    omega_weighting_from=20,
+)  # fmt: skip
+
+
+def test_fedrcs_options_are_flags_under_config_and_keep_the_main_jobs_others():
+    main = built().trainer.strategy
+    assert main.algorithm.config == MAIN_JOB_CONFIG and main.discovery is None
+    assert main.local_training.gradient_clip_val == 5.0  # the strategy's own keyword, beside config
+    changed = built(
+        "--trainer.strategy.config.group_round", "12", "--trainer.strategy.config.group_late_round=17"
+    )
+    assert changed.trainer.strategy.algorithm.config == FedRC.Config(
+        **{**vars(MAIN_JOB_CONFIG), "group_round": 12, "group_late_round": 17}
+    )
+    paper = built("--trainer.strategy.config=null").trainer.strategy.algorithm
+    assert paper.config == FedRC.Config() and paper.components == ()
+
+
+def test_concept_discovery_is_one_flag_on_and_one_flag_off(tmp_path):
+    on = built(
+        "--trainer.strategy.discovery=ConceptDiscovery",
+        "--trainer.strategy.discovery.gap=0.2",
+        "--trainer.strategy.config=null",
+    ).trainer.strategy
+    assert on.discovery == ConceptDiscovery(gap=0.2)
+    policy = [type(component) for component in ConceptDiscovery().components()]
+    assert [type(component) for component in on.algorithm.components] == policy
+    config = tmp_path / "discovery.yaml"
+    config.write_text(
+        "trainer:\n  strategy:\n    init_args:\n      config: null\n      discovery:\n"
+        "        class_path: lightning_fedcluster.ConceptDiscovery\n        init_args: {min_share: 0.1}\n"
+    )
+    from_file = built("--config", str(config)).trainer.strategy
+    assert from_file.discovery == ConceptDiscovery(min_share=0.1)
+    assert [type(component) for component in from_file.algorithm.components] == policy
+    off = built("--config", str(config), "--trainer.strategy.discovery=null").trainer.strategy
+    assert off.discovery is None and off.algorithm.components == ()  # the paper's FedRC
+    assert off.algorithm.config == FedRC.Config()
+
+
+def test_fedrcs_option_given_as_a_strategy_flag_names_its_place_under_config(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_cli(["fit", "--trainer.strategy.init_args.group_round", "12", *small(tmp_path)])
+    assert stop.value.code != 0
+    said = capsys.readouterr().err
+    assert "FedRCStrategy has no argument 'group_round'; did you mean config.group_round?" in said

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
 from lightning_fedcluster.datamodules.loaders import EvaluationChunk, empty_clients
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
@@ -256,7 +257,7 @@ def twelve_clients():
 def test_explicit_clustered_module_and_hard_prediction(twelve_clients):
     module = lf.ClusteredModule(MLPClassifier(lr=0.2), num_clusters=2, seed=1)
     trainer = make_trainer(
-        lf.FedRCStrategy(2, hard_prediction=True, clients_per_round=6, local_steps=2),
+        lf.FedRCStrategy(2, config=FedRC.Config(hard_prediction=True), clients_per_round=6, local_steps=2),
         max_epochs=2,
         limit_val_batches=0,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from _common import add_grouping_arguments, grouping_options
+from _common import add_grouping_arguments, fedrc_keywords, grouping_options
 
 import lightning_fedcluster as lf
 
@@ -30,7 +30,7 @@ def test_the_flags_become_the_strategy_s_grouping_arguments():
         "group_hold": 10, "group_late_round": 25, "group_ramp": 4, "group_retire": 0.1,
         "group_release": 0.25, "group_release_rounds": 3,
     }  # fmt: skip
-    rule = lf.FedRCStrategy(3, **options).algorithm
+    rule = lf.FedRCStrategy(3, **fedrc_keywords(options)).algorithm
     assert (rule.config.grouping.ramp, rule.config.grouping.retire) == (4, 0.1)
     assert (rule.config.release.margin, rule.config.release.rounds) == (0.25, 3)
     assert "group_ramp" not in _options("--group-round", "20", "--group-hold", "10")
@@ -41,12 +41,12 @@ def test_the_flags_become_the_strategy_s_grouping_arguments():
 
 def test_a_ramp_without_a_hold_is_refused_by_the_strategy():
     with pytest.raises(ValueError, match="group_ramp has no effect without group_hold"):
-        lf.FedRCStrategy(3, **_options("--group-round", "20", "--group-ramp", "4"))
+        lf.FedRCStrategy(3, **fedrc_keywords(_options("--group-round", "20", "--group-ramp", "4")))
 
 
 def test_a_retire_share_without_a_margin_is_refused_by_the_strategy():
     with pytest.raises(ValueError, match="group_retire"):
-        lf.FedRCStrategy(3, **_options("--group-round", "20", "--group-retire", "0.1"))
+        lf.FedRCStrategy(3, **fedrc_keywords(_options("--group-round", "20", "--group-retire", "0.1")))
 
 
 @pytest.mark.parametrize(
@@ -56,5 +56,5 @@ def test_a_grouping_flag_without_group_round_is_refused_not_dropped(flag):
     options = _options(*flag)
     assert options  # passed on to the strategy, which names what it lacks
     with pytest.raises(ValueError, match="has no effect without group_(round|hold)"):
-        lf.FedRCStrategy(3, **options)
+        lf.FedRCStrategy(3, **fedrc_keywords(options))
     assert _options() == {}  # no flag: no grouping argument at all

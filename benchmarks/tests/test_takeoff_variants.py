@@ -10,6 +10,7 @@ import torch
 from _takeoff_variants import TrueConceptFedRC, true_concepts
 from torch.testing import assert_close
 
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.algorithms.base import ClientContext
 from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, client_scores
 
@@ -57,7 +58,9 @@ def test_through_a_fit_only_a_concept_s_clients_train_its_model():
     torch.manual_seed(0)
     dm = DigitsFederated(num_clients=6, concepts=3, seed=0)
     told = torch.tensor([0, 1, 0, 1, 0, 1])  # nobody is told concept 2: its model must not move
-    strategy = true_concepts(lf.FedRCStrategy(3, local_steps=2, label_stats_floor=0.1), told)
+    strategy = true_concepts(lf.FedRCStrategy(
+        3, local_steps=2, config=FedRC.Config(label_stats_floor=0.1),
+    ), told)
     start = _StartWeights()
     trainer = make_trainer(strategy, max_epochs=2, callbacks=[start])
     trainer.fit(MLPClassifier(lr=0.2), datamodule=dm)

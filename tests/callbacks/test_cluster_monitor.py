@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_fedcluster import FedRCStrategy, figures
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.callbacks import ClusterMonitor, DataSummary
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
@@ -258,7 +259,10 @@ def test_tensorboard_gets_each_round_s_server_actions_as_text_at_its_step(small_
     each text naming its step's round; ``clusters/active`` counts down with them."""
     logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
     strategy = FedRCStrategy(
-        4, clients_per_round=6, local_steps=2, group_round=1, merge_threshold=100.0, merge_after=1
+        4,
+        clients_per_round=6,
+        local_steps=2,
+        config=FedRC.Config(group_round=1, merge_threshold=100.0, merge_after=1),
     )
     trainer = make_trainer(strategy, max_epochs=3, logger=logger, limit_val_batches=0)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=small_digits)

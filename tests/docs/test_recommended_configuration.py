@@ -10,6 +10,7 @@ import ast
 import json
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS
 from tests.docs.markdown_blocks import DOCS, ROOT, blocks
 
@@ -20,7 +21,8 @@ RECIPE = {"clients_per_round", "local_steps"}
 
 
 def _strategy_block(name: str) -> tuple[int, dict]:
-    """``name = lf.FedRCStrategy(K, **options)``: the page's one runnable block assigning ``name``."""
+    """``name = lf.FedRCStrategy(K, ..., config=FedRC.Config(...))``: the page's one runnable block
+    assigning ``name``, its strategy keywords and its Config's options as one flat dict."""
     calls = []
     for block in blocks(PAGE):
         if not block.runs:
@@ -31,7 +33,14 @@ def _strategy_block(name: str) -> tuple[int, dict]:
     assert len(calls) == 1, f"{PAGE.name} should assign {name} once, in a runnable block"
     (call,) = calls
     assert isinstance(call, ast.Call) and ast.unparse(call.func) == "lf.FedRCStrategy"
-    return ast.literal_eval(call.args[0]), {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    options = {}
+    for kw in call.keywords:
+        if kw.arg == "config":
+            assert isinstance(kw.value, ast.Call) and ast.unparse(kw.value.func) == "FedRC.Config"
+            options |= {option.arg: ast.literal_eval(option.value) for option in kw.value.keywords}
+        else:
+            options[kw.arg] = ast.literal_eval(kw.value)
+    return ast.literal_eval(call.args[0]), options
 
 
 def _measured_options() -> tuple[int, dict]:
@@ -59,6 +68,7 @@ def test_the_k_known_block_is_what_fedcluster_fit_runs():
     num_clusters, options = _strategy_block("k_known")
     fit = dict(MAIN_JOB_DEFAULTS["trainer.strategy"]["init_args"])
     fit.pop("seed")
+    fit |= fit.pop("config")
     assert num_clusters == fit.pop("num_clusters") == 3
     assert options == fit
 
@@ -66,9 +76,10 @@ def test_the_k_known_block_is_what_fedcluster_fit_runs():
 def test_the_strategy_takes_both_blocks_as_given():
     for name in ("k_known", "k_unknown"):
         num_clusters, options = _strategy_block(name)
-        strategy = lf.FedRCStrategy(num_clusters, **options)
-        config = strategy.algorithm.config
         strategy_only = RECIPE | {"gradient_clip_val"}
         fedrc = {key: value for key, value in options.items() if key not in strategy_only}
+        given = {key: value for key, value in options.items() if key in strategy_only}
+        strategy = lf.FedRCStrategy(num_clusters, config=FedRC.Config(**fedrc), **given)
+        config = strategy.algorithm.config
         assert {key: getattr(config, key) for key in fedrc} == fedrc, name
         assert strategy.local_training.gradient_clip_val == options["gradient_clip_val"] == 5.0, name

@@ -15,6 +15,7 @@ from lightning_fedcluster import (
     FedRCStrategy,
     FedSoftStrategy,
 )
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.checkpoint import METADATA_KEY
 from lightning_fedcluster.engine.verified_files import HASH_KEY
@@ -60,7 +61,9 @@ def test_resume_is_exact_with_algorithm_state(digits, tmp_path, name):
     def strategy():
         return {
             "fedsoft": lambda: FedSoftStrategy(2, selection_size=3, local_steps=2, estimation_interval=3),
-            "fedrc_adam": lambda: FedRCStrategy(3, clients_per_round=5, local_steps=2, adam_gamma=True),
+            "fedrc_adam": lambda: FedRCStrategy(
+                3, clients_per_round=5, local_steps=2, config=FedRC.Config(adam_gamma=True),
+            ),
             "cfl": lambda: CFLStrategy(3, local_steps=2, eps1=1e6, eps2=1e-6),
         }[name]()
 
@@ -198,7 +201,10 @@ def _round_checkpoint(strategy, tmp_path) -> str:
             "written by FedRC.*trains FedSoft",
         ),
         (lambda: lf.FedEMStrategy(num_clusters=2, local_steps=LOCAL_STEPS), "written by FedRC.*trains FedEM"),
-        (lambda: _strategy("loop", adam_gamma=True), "client state holds \\[\\].*keeps \\['adam_m'"),
+        (
+            lambda: _strategy("loop", config=FedRC.Config(adam_gamma=True)),
+            "client state holds \\[\\].*keeps \\['adam_m'",
+        ),
     ],
 )
 def test_resuming_under_another_algorithm_or_state_is_refused_by_name(other, message, tmp_path):

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine.setup_checks import CHANCE_ROUNDS, check_chance_level, input_shape_error
 from lightning_fedcluster.models import MLPClassifier
@@ -171,7 +172,9 @@ def test_a_training_step_with_another_loss_still_warns_and_only_once_per_module_
 
 
 def test_round_options_past_the_runs_length_warn_before_training_naming_each():
-    strategy = lf.FedRCStrategy(3, local_steps=1, group_round=500, merge_threshold=0.1, merge_after=50)
+    strategy = lf.FedRCStrategy(
+        3, local_steps=1, config=FedRC.Config(group_round=500, merge_threshold=0.1, merge_after=50),
+    )
     trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -182,7 +185,7 @@ def test_round_options_past_the_runs_length_warn_before_training_naming_each():
 
 
 def test_round_options_within_the_run_give_no_such_warning():
-    strategy = lf.FedRCStrategy(3, local_steps=1, group_round=1)
+    strategy = lf.FedRCStrategy(3, local_steps=1, config=FedRC.Config(group_round=1))
     trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.engine.verified_files import load_verified
 from lightning_fedcluster.flower import FlowerApps, read_run
 from lightning_fedcluster.flower.template import CERTIFICATES
@@ -149,7 +150,12 @@ def accepts(port: int) -> bool:
 
 def reference_strategy() -> lf.FedRCStrategy:
     return lf.FedRCStrategy(
-        3, clients_per_round=5, local_steps=2, removal_threshold=0.33, max_update_norm=50.0, executor="loop"
+        3,
+        clients_per_round=5,
+        local_steps=2,
+        config=FedRC.Config(removal_threshold=0.33),
+        max_update_norm=50.0,
+        executor="loop",
     )
 
 

@@ -14,6 +14,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.flower import FlowerApps, records
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
@@ -126,7 +127,9 @@ def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
     [
         (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy (DFedEM) is not supported on Flower yet: it mixes"),
         (
-            lambda: lf.FedRCStrategy(3, reseed_threshold=0.05, optimizer_state="persist"),
+            lambda: lf.FedRCStrategy(
+                3, config=FedRC.Config(reseed_threshold=0.05), optimizer_state="persist",
+            ),
             "reseed_threshold with optimizer_state='persist'",
         ),
         (lambda: lf.FedRCStrategy(2, finetune_epochs=1), "finetune_epochs (FedRC-FT)"),

@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.callbacks import ClusterMonitor, RoundProgressBar
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.flower import FlowerApps
@@ -37,7 +38,7 @@ def _scalar_steps(log_dir: str, tag: str) -> list[int]:
 def test_a_fit_names_each_round_alike_on_the_console_and_in_tensorboard(tmp_path, caplog):
     stream = io.StringIO()
     logger = TensorBoardLogger(save_dir=str(tmp_path), name="run")
-    strategy = lf.FedRCStrategy(3, clients_per_round=6, local_steps=2, group_round=2)
+    strategy = lf.FedRCStrategy(3, clients_per_round=6, local_steps=2, config=FedRC.Config(group_round=2))
     callbacks = [RoundProgressBar(3, stream), ClusterMonitor(figures=False)]
     trainer = make_trainer(
         strategy, 3, logger=logger, limit_val_batches=0, enable_progress_bar=True, callbacks=callbacks
@@ -68,7 +69,7 @@ def test_a_flower_run_names_each_round_alike_in_its_log_tensorboard_and_run_file
     saved, logs = tmp_path / "run.pt", tmp_path / "logs"
 
     def strategy() -> lf.FedRCStrategy:
-        return lf.FedRCStrategy(2, local_steps=2, group_round=2, executor="loop")
+        return lf.FedRCStrategy(2, local_steps=2, config=FedRC.Config(group_round=2), executor="loop")
 
     apps = FlowerApps(
         strategy, workload.make_module, workload.make_datamodule, num_rounds=3, round_timeout=5.0,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.engine.verified_files import CorruptCheckpointError, load_verified
 from lightning_fedcluster.flower import FlowerApps
 from tests.flower import workload
@@ -44,7 +45,11 @@ class ScheduledMLP(workload.MomentumMLP):
 STRATEGIES = {
     # Cluster removal and the server's own optimizer (its moments are in the checkpoint).
     "fedrc": lambda: lf.FedRCStrategy(
-        3, clients_per_round=4, local_steps=2, removal_threshold=0.33, server_optimizer="momentum",
+        3,
+        clients_per_round=4,
+        local_steps=2,
+        config=FedRC.Config(removal_threshold=0.33),
+        server_optimizer="momentum",
         executor="loop",
     ),
     "ifca": lambda: lf.IFCAStrategy(2, local_steps=3, executor="loop"),
@@ -111,7 +116,13 @@ def test_a_run_whose_nodes_held_state_the_server_lacks_is_not_resumed(tmp_path, 
     path = tmp_path / "server.ckpt"
 
     def fedrc_adam():
-        return lf.FedRCStrategy(2, local_steps=2, adam_gamma=True, optimizer_state="persist", executor="loop")
+        return lf.FedRCStrategy(
+            2,
+            local_steps=2,
+            config=FedRC.Config(adam_gamma=True),
+            optimizer_state="persist",
+            executor="loop",
+        )
 
     options = dict(num_rounds=ROUNDS, checkpoint_path=str(path))
     with pytest.raises(ServerAppCrash):

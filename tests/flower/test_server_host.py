@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.flower import FlowerApps, simulate
 from tests.conftest import make_trainer
 from tests.flower import workload
@@ -195,7 +196,7 @@ def test_a_reseeding_split_runs_on_flower_as_on_lightning(task_identity, caplog)
     nodes hold no optimizer state to restart."""
 
     def strategy():
-        return lf.FedRCStrategy(3, local_steps=2, reseed_threshold=0.34, executor="loop")
+        return lf.FedRCStrategy(3, local_steps=2, config=FedRC.Config(reseed_threshold=0.34), executor="loop")
 
     apps = FlowerApps(
         strategy, workload.make_module, workload.make_datamodule, num_rounds=3, collect_client_state=True

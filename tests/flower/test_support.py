@@ -10,6 +10,7 @@ from torch import nn
 
 import lightning_fedcluster as lf
 from lightning_fedcluster import ClusteredModule
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.flower.support import (
     check_supported,
     clustered_module,
@@ -26,12 +27,16 @@ from lightning_fedcluster.models import MLPClassifier
     ("strategy", "reason"),
     [
         (lambda tmp: lf.FedRCStrategy(2, optimizer_state="persist"), None),
-        (lambda tmp: lf.FedRCStrategy(3, reseed_threshold=0.05), None),  # the nodes hold no state to split
+        (lambda tmp: lf.FedRCStrategy(
+            3, config=FedRC.Config(reseed_threshold=0.05),
+        ), None),  # the nodes hold no state to split
         (lambda tmp: lf.FedSoftStrategy(2), None),  # one personal copy
         (lambda tmp: lf.DFedEMStrategy(2), "it mixes the clients' personal models on the server (D-FedEM)"),
         (lambda tmp: lf.FedRCStrategy(2, finetune_epochs=1), "finetune_epochs (FedRC-FT)"),
         (
-            lambda tmp: lf.FedRCStrategy(3, reseed_threshold=0.05, optimizer_state="persist"),
+            lambda tmp: lf.FedRCStrategy(
+                3, config=FedRC.Config(reseed_threshold=0.05), optimizer_state="persist",
+            ),
             "reseed_threshold with optimizer_state='persist'",
         ),
         (

@@ -4,16 +4,22 @@ Importable by a deployed Flower app (the factories take no arguments)."""
 from __future__ import annotations
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
+from tests.helpers.mechanisms import EVERY_MECHANISM
 
 ROUNDS = 3
 STRATEGIES = {
     # Every client-side state the Flower node keeps: FedRC-Adam γ, persistent momentum, label
     # noise; cluster removal on the server; 4 of 6 clients a round.
     "fedrc": lambda: lf.FedRCStrategy(
-        3, clients_per_round=4, local_steps=2, adam_gamma=True, label_noise_std=0.1,
-        removal_threshold=0.33, optimizer_state="persist", executor="loop",
+        3,
+        clients_per_round=4,
+        local_steps=2,
+        config=FedRC.Config(adam_gamma=True, label_noise_std=0.1, removal_threshold=0.33),
+        optimizer_state="persist",
+        executor="loop",
     ),
     "fedem": lambda: lf.FedEMStrategy(2, local_epochs=1, executor="loop"),
     "ifca": lambda: lf.IFCAStrategy(2, local_steps=3, executor="loop"),
@@ -40,14 +46,17 @@ STRATEGIES = {
     # (omega_weighting_from with a one-round omega_weighting_ramp to omega_weighting_strength 1/2);
     # each copy's local gradient is clipped to norm 0.5 (gradient_clip_val).
     "fedrc_grouping": lambda: lf.FedRCStrategy(
-        4, local_steps=2, group_round=1, group_hold=2, group_ramp=1, group_margin=0.9,
-        group_retire=0.2, group_release=0.0, group_release_rounds=1, merge_threshold=100.0,
-        merge_after=2, omega_weighting_from=1, omega_weighting_ramp=1, omega_weighting_strength=0.5,
-        gradient_clip_val=0.5, executor="loop",
+        4,
+        local_steps=2,
+        config=EVERY_MECHANISM,
+        gradient_clip_val=0.5,
+        executor="loop",
     ),
     # K = 4 on two concepts: after round 1 the server retires the clusters no client owns (ω
     # renormalised on the nodes from the alive clusters each message carries).
-    "fedrc_retire": lambda: lf.FedRCStrategy(4, local_steps=2, retire_after=1, executor="loop"),
+    "fedrc_retire": lambda: lf.FedRCStrategy(
+        4, local_steps=2, config=FedRC.Config(retire_after=1), executor="loop",
+    ),
     # One shared feature layer, K heads: the nodes also send the shared layers' update.
     "fedrc_shared": lambda: lf.FedRCStrategy(2, shared_layers=("net.0",), local_steps=2, executor="loop"),
 }  # fmt: skip

@@ -22,7 +22,7 @@ def _fit(strategy) -> lf.ClusteredModule:
 @pytest.mark.parametrize("executor", ["loop", "vectorized"])
 def test_an_algorithm_object_trains_exactly_as_its_named_strategy(executor):
     options = dict(local_steps=2, clients_per_round=4, executor=executor)
-    named = _fit(lf.FedRCStrategy(2, adam_gamma=True, **options))
+    named = _fit(lf.FedRCStrategy(2, config=FedRC.Config(adam_gamma=True), **options))
     generic = _fit(lf.FederatedStrategy(algorithm=FedRC(2, adam_gamma=True), **options))
     for a, b in zip(named.state_dict().values(), generic.state_dict().values(), strict=True):
         assert torch.equal(a, b)

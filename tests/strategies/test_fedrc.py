@@ -1,5 +1,6 @@
 """strategies/fedrc.py: FedRC end to end on real data: exactness against a plain PyTorch FedRC (K=1 is
-FedAvg), concept separation, cluster removal mid-training, label noise, and regression refused."""
+FedAvg), concept separation, cluster removal mid-training, label noise, regression refused, and the
+concept-discovery policy (``discovery=``; None: the paper's rule, bit for bit)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import torch
 import lightning_fedcluster as lf
 from lightning_fedcluster import (
     ClusteredModule,
+    ConceptDiscovery,
     FedRCStrategy,
 )
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from tests.conftest import make_trainer
@@ -61,7 +64,9 @@ def test_fedrc_separates_three_concepts_that_fedavg_cannot_fit():
 
 
 def test_fedrc_removes_clusters_mid_training_and_freezes_them(digits):
-    strategy = FedRCStrategy(4, clients_per_round=6, local_steps=2, removal_threshold=0.3)
+    strategy = FedRCStrategy(
+        4, clients_per_round=6, local_steps=2, config=FedRC.Config(removal_threshold=0.3),
+    )
     trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
     module = trainer.lightning_module
@@ -80,7 +85,9 @@ def test_fedrc_removes_clusters_mid_training_and_freezes_them(digits):
 
 def test_removal_after_keeps_every_cluster_until_its_round(digits):
     # the same fit as above removes clusters within two rounds; removal_after=2 waits past them
-    strategy = FedRCStrategy(4, clients_per_round=6, local_steps=2, removal_threshold=0.3, removal_after=2)
+    strategy = FedRCStrategy(
+        4, clients_per_round=6, local_steps=2, config=FedRC.Config(removal_threshold=0.3, removal_after=2),
+    )
     trainer = make_trainer(strategy, max_epochs=2, limit_val_batches=0)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=digits)
     assert trainer.lightning_module.client_state.active.all()
@@ -90,7 +97,7 @@ def test_removal_after_keeps_every_cluster_until_its_round(digits):
 
 
 def test_label_noise_needs_one_sigma_per_client(digits):
-    trainer = make_trainer(FedRCStrategy(3, label_noise_std=[0.1, 0.2]), max_epochs=1)
+    trainer = make_trainer(FedRCStrategy(3, config=FedRC.Config(label_noise_std=[0.1, 0.2])), max_epochs=1)
     with pytest.raises(ValueError, match="label_noise_std has 2 values .* 12 clients"):
         trainer.fit(MLPClassifier(), datamodule=digits)
 
@@ -99,3 +106,53 @@ def test_fedrc_refuses_regression_with_a_clear_message(synthetic):
     trainer = make_trainer(lf.FedRCStrategy(2), max_epochs=1)
     with pytest.raises(ValueError, match="use FedEMStrategy"):
         trainer.fit(LinearRegressor(10, 1), datamodule=synthetic)
+
+
+def _fit(strategy, datamodule, rounds: int = 3) -> ClusteredModule:
+    module = ClusteredModule(MLPClassifier(lr=0.2), strategy.num_clusters, seed=0)
+    make_trainer(strategy, max_epochs=rounds, limit_val_batches=0).fit(module, datamodule=datamodule)
+    return module
+
+
+def test_discovery_none_is_the_paper_rule_bit_for_bit(small_digits):
+    """``discovery=None`` (and ``config=None``) trains exactly what the paper's rule given to the
+    plain FederatedStrategy trains: same weights, ω and label sums, compared with torch.equal."""
+    schedule = dict(clients_per_round=5, local_steps=3, seed=0)
+    strategy = FedRCStrategy(3, discovery=None, config=None, **schedule)
+    assert strategy.algorithm.components == () and strategy.algorithm.config == FedRC.Config()
+    ours = _fit(strategy, small_digits)
+    paper = _fit(lf.FederatedStrategy(algorithm=FedRC(3, config=FedRC.Config()), **schedule), small_digits)
+    for got, want in zip(ours.state_dict().values(), paper.state_dict().values(), strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(ours.client_state.omega, paper.client_state.omega)
+    assert torch.equal(ours.client_state.label_sums, paper.client_state.label_sums)
+
+
+@pytest.mark.parametrize("cls", [lf.FedRCStrategy, lf.FedEMStrategy], ids=["fedrc", "fedem"])
+def test_discovery_builds_the_rule_with_the_policys_components_and_trains(cls, small_digits):
+    policy = ConceptDiscovery(min_share=0.1, gap=0.2)
+    strategy = cls(4, discovery=policy, clients_per_round=6, local_steps=2, seed=0)
+    rule = strategy.algorithm
+    assert strategy.discovery is policy and isinstance(rule, FedRC)
+    assert [type(c) for c in rule.components] == [type(c) for c in policy.components()]
+    assert rule.config == FedRC.Config(use_label_stats=cls is lf.FedRCStrategy)  # the paper's options
+    module = _fit(strategy, small_digits, rounds=2)
+    state = module.client_state
+    assert int(state.seen.sum()) >= 6 and math.isfinite(module.round_metrics["train/loss"])
+    torch.testing.assert_close(
+        state.omega[state.seen].sum(1), torch.ones(int(state.seen.sum()), dtype=torch.float64)
+    )
+
+
+def test_discovery_with_the_configs_mechanism_options_is_refused_naming_them():
+    config = FedRC.Config(group_round=15, group_hold=5, merge_threshold=0.5, adam_gamma=False)
+    with pytest.raises(ValueError, match=(
+        r"discovery=ConceptDiscovery\(...\) and the config's mechanism options group_round, group_hold, "
+        r"merge_threshold were both given: .* or pass discovery=None"
+    )):  # fmt: skip
+        FedRCStrategy(3, discovery=ConceptDiscovery(), config=config)
+    paper_options = FedRC.Config(hard_prediction=True)
+    rule = FedRCStrategy(3, discovery=ConceptDiscovery(), config=paper_options).algorithm
+    assert rule.config.hard_prediction  # the paper's own options go with the policy
+    with pytest.raises(TypeError, match="discovery must be a concept-discovery policy such as"):
+        FedRCStrategy(3, discovery="ConceptDiscovery")

@@ -21,6 +21,7 @@ from lightning_fedcluster import (
     IFCAStrategy,
     WeCFLStrategy,
 )
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.models import MLPClassifier
 from tests.conftest import make_trainer
 from tests.helpers.weights import cluster_weights
@@ -63,11 +64,11 @@ def test_strategy_arguments_are_checked():
     with pytest.raises(ValueError, match="clients_per_round"):
         FedSoftStrategy(2, clients_per_round=5)
     with pytest.raises(ValueError, match="removal_threshold"):
-        FedRCStrategy(3, removal_threshold=1.5)
+        FedRCStrategy(3, config=FedRC.Config(removal_threshold=1.5))
     with pytest.raises(ValueError, match="label_noise_std"):
-        FedRCStrategy(3, label_noise_std=-1.0)
+        FedRCStrategy(3, config=FedRC.Config(label_noise_std=-1.0))
     with pytest.raises(ValueError, match="label_noise_std"):
-        FedEMStrategy(3, label_noise_std=1.0)
+        FedEMStrategy(3, config=FedRC.Config(label_noise_std=1.0))
     with pytest.raises(ValueError, match="eps1"):
         CFLStrategy(3, eps1=0.0)
     with pytest.raises(ValueError, match="finetune_epochs"):

@@ -23,8 +23,8 @@ OWN_TYPOS = {
     "CFLStrategy": ("eps_1", "eps1"),
     "DFedEMStrategy": ("edge_prob", "edge_probability"),
     "FedProxStrategy": ("mu_", "mu"),
-    "FedRCStrategy": ("removal_treshold", "removal_threshold"),
-    "FedEMStrategy": ("hard_predictions", "hard_prediction"),
+    "FedRCStrategy": ("discovry", "discovery"),
+    "FedEMStrategy": ("confg", "config"),
     "FedSoftStrategy": ("selection_sizes", "selection_size"),
     "FeSEMStrategy": ("representation_layer", "representation_layers"),
     "WeCFLStrategy": ("representation_layer", "representation_layers"),
@@ -81,7 +81,7 @@ def test_ddp_process_arguments_still_reach_lightning(cls):
 
 def test_valid_names_come_from_the_signatures_subclass_first():
     names = init_parameters(strategies.FedRCStrategy, FederatedStrategy)
-    assert names[:2] == ["num_clusters", "hard_prediction"]
+    assert names[:3] == ["num_clusters", "discovery", "config"]
     assert "clients_per_round" in names and "timeout" in names and len(names) == len(set(names))
 
 
@@ -101,6 +101,11 @@ def test_each_strategys_rule_options_default_as_its_rules_config(cls):
     for klass in reversed(cls.__mro__[: cls.__mro__.index(FederatedStrategy)]):
         parameters.update(inspect.signature(klass.__init__).parameters)
     fixed = set(cls.fixed_arguments) | SET_BY_THE_STRATEGY
+    if "config" in parameters:  # the Config itself is the keyword (FedRC, FedEM): the paper's by default
+        assert parameters["config"].default is None
+        assert config == dataclasses.replace(type(config)(), **{n: getattr(config, n) for n in fixed & set(
+            f.name for f in dataclasses.fields(config))})
+        return
     for field in dataclasses.fields(config):
         if field.name in fixed:
             continue
@@ -112,7 +117,9 @@ def test_each_strategys_rule_options_default_as_its_rules_config(cls):
 
 
 def test_the_strategy_forwards_its_options_into_the_frozen_config_and_checks_them_once():
-    strategy = strategies.FedRCStrategy(3, adam_gamma=True, label_noise_std=[0.1, 0.2], seed=7)
+    strategy = strategies.FedRCStrategy(
+        3, config=FedRC.Config(adam_gamma=True, label_noise_std=[0.1, 0.2]), seed=7,
+    )
     assert strategy.algorithm.config == FedRC.Config(
         adam_gamma=True, label_noise_std=(0.1, 0.2), reseed_seed=7
     )
@@ -142,6 +149,65 @@ def test_the_cli_help_documents_each_rule_option_from_its_config(cls):
     config_docs = {p.arg_name: p.description for p in docstring_parser.parse(config.__doc__).params}
     own = set(inspect.signature(cls.__init__).parameters) - {"self", "num_clusters", "kwargs"}
     for name in own - set(cls.fixed_arguments):
-        assert documented.get(name) == config_docs[name], (
-            f"{cls.__name__}.{name} is not documented from {config}"
-        )
+        if name in config_docs:
+            assert documented.get(name) == config_docs[name], (
+                f"{cls.__name__}.{name} is not documented from {config}"
+            )
+        else:  # the strategy's own (FedRC's discovery and config): documented on the strategy
+            assert documented.get(name), f"{cls.__name__}.{name} is not documented"
+
+
+# The keywords FedRCStrategy took before its options moved into config=FedRC.Config(...).
+FORMER_KEYWORDS = (
+    "hard_prediction", "hard_training", "adam_gamma", "label_noise_std", "removal_threshold",
+    "removal_after", "reseed_threshold", "group_round", "group_share", "group_assign", "group_margin",
+    "group_hold", "group_late_round", "group_ramp", "group_retire", "group_release",
+    "group_release_rounds", "merge_threshold", "merge_after", "retire_after", "omega_weighting_from",
+    "omega_weighting_ramp", "omega_weighting_strength", "label_stats_floor",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", [strategies.FedRCStrategy, strategies.FedEMStrategy], ids=["fedrc", "fedem"])
+def test_fedrcs_own_keywords_are_at_most_six_beyond_federated_strategys(cls):
+    own = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")]
+    base = set(inspect.signature(FederatedStrategy.__init__).parameters)
+    beyond = [name for name in own if name not in base]
+    assert beyond == ["discovery", "config"] and len(beyond) <= 6
+    assert len(FORMER_KEYWORDS) == 24
+    assert not set(FORMER_KEYWORDS) & set(init_parameters(cls, FederatedStrategy))
+
+
+def test_fedrcs_former_keywords_are_a_type_error_naming_each_and_the_config_that_takes_them():
+    given = {"group_round": 15, "merge_threshold": 0.5, "adam_gamma": False, "local_steps": 2}
+    with pytest.raises(TypeError) as error:
+        strategies.FedRCStrategy(3, **given)
+    message = str(error.value)
+    assert message.startswith(
+        "FedRCStrategy takes FedRC's options in config=, not as keywords: group_round, merge_threshold, "
+        "adam_gamma. Pass config=FedRC.Config(group_round=15, merge_threshold=0.5, adam_gamma=False)"
+    )
+    assert "--trainer.strategy.config.group_round" in message
+    for name in FORMER_KEYWORDS:  # every one of them, for FedEM too
+        with pytest.raises(TypeError, match=rf"FedEMStrategy takes FedRC's options in config=.*: {name}\."):
+            strategies.FedEMStrategy(2, **{name: None})
+
+
+def test_the_config_fields_the_strategy_sets_are_its_own_and_a_contradiction_is_refused():
+    config = FedRC.Config(adam_gamma=True)
+    rule = strategies.FedEMStrategy(2, seed=5, config=config).algorithm
+    assert rule.config == dataclasses.replace(config, use_label_stats=False, reseed_seed=5)
+    assert config.use_label_stats is True and config.reseed_seed == 0  # the given Config is not changed
+    contradiction = (
+        r"FedRCStrategy sets config.use_label_stats from the strategy's class \(True\), "
+        r"got config.use_label_stats=False: .* use FedEMStrategy"
+    )
+    with pytest.raises(ValueError, match=contradiction):
+        strategies.FedRCStrategy(2, config=FedRC.Config(use_label_stats=False))
+    with pytest.raises(ValueError, match=r"config.reseed_seed=4: .* pass seed=4 to the strategy"):
+        strategies.FedRCStrategy(2, seed=1, config=FedRC.Config(reseed_seed=4))
+    same = strategies.FedRCStrategy(2, seed=4, config=FedRC.Config(reseed_seed=4))
+    assert same.algorithm.config.reseed_seed == 4
+    with pytest.raises(TypeError, match=r"config must be a FedRC.Config \(FedRCConfig\), got dict"):
+        strategies.FedRCStrategy(2, config={"adam_gamma": True})
+    with pytest.raises(ValueError, match="label_noise_std applies to FedRC's label statistics; FedEM has"):
+        strategies.FedEMStrategy(2, config=FedRC.Config(label_noise_std=0.1))

@@ -291,6 +291,11 @@ def test_fedrc_holds_only_flagged_clients_and_only_in_the_hold_rounds():
 # --- through a fit -------------------------------------------------------------------------------------
 
 
+def _rule_options(grouping: dict | None) -> dict:
+    """``grouping``'s FedRC options (all but the strategy's ``gradient_clip_val``)."""
+    return {name: value for name, value in (grouping or {}).items() if name != "gradient_clip_val"}
+
+
 def _grouped_fit(rounds: int, executor: str = "loop", grouping=None, **trainer_options):
     import lightning_fedcluster as lf
     from lightning_fedcluster.datamodules import DigitsFederated
@@ -302,10 +307,9 @@ def _grouped_fit(rounds: int, executor: str = "loop", grouping=None, **trainer_o
         3,
         clients_per_round=6,
         local_steps=2,
-        group_round=2,
-        group_share=0.8,
+        config=FedRC.Config(group_round=2, group_share=0.8, **_rule_options(grouping)),
+        gradient_clip_val=(grouping or {}).get("gradient_clip_val"),
         executor=executor,
-        **(grouping or {}),
     )
     trainer = make_trainer(strategy, max_epochs=rounds, **trainer_options)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0))
@@ -373,7 +377,12 @@ def test_grouping_resumes_exactly_from_a_round_checkpoint(tmp_path, grouping, ep
     (checkpoint,) = tmp_path.glob(f"epoch={epoch}-*.ckpt")
     torch.manual_seed(0)
     strategy = lf.FedRCStrategy(
-        3, clients_per_round=6, local_steps=2, group_round=2, group_share=0.8, executor="loop", **grouping
+        3,
+        clients_per_round=6,
+        local_steps=2,
+        config=FedRC.Config(group_round=2, group_share=0.8, **_rule_options(grouping)),
+        gradient_clip_val=grouping.get("gradient_clip_val"),
+        executor="loop",
     )
     resumed = make_trainer(strategy, max_epochs=5)
     resumed.fit(

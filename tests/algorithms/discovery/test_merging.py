@@ -117,7 +117,10 @@ def test_a_fit_merges_one_pair_per_round_from_merge_after_on(executor):
 
     torch.manual_seed(0)
     strategy = lf.FedRCStrategy(
-        5, clients_per_round=None, local_steps=1, group_round=1, merge_threshold=100.0, merge_after=1,
+        5,
+        clients_per_round=None,
+        local_steps=1,
+        config=FedRC.Config(group_round=1, merge_threshold=100.0, merge_after=1),
         executor=executor,
     )  # fmt: skip
     trainer = make_trainer(strategy, max_epochs=3)

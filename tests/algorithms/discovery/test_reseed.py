@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.discovery.reseed import SPLIT_SHARE, reseed_split
 from lightning_fedcluster.datamodules import DigitsFederated
@@ -58,7 +59,12 @@ def test_a_split_moves_omega_and_label_mass_and_restarts_the_targets_optimizer_s
 def _fit(rounds: int, reseed: float | None = 0.34, server_optimizer: str = "none", **trainer_options):
     options = {} if reseed is None else {"reseed_threshold": reseed}
     strategy = lf.FedRCStrategy(
-        3, local_steps=2, clients_per_round=4, executor="loop", server_optimizer=server_optimizer, **options
+        3,
+        local_steps=2,
+        clients_per_round=4,
+        executor="loop",
+        server_optimizer=server_optimizer,
+        config=FedRC.Config(**options),
     )
     trainer = make_trainer(strategy, max_epochs=rounds, **trainer_options)
     trainer.fit(MLPClassifier(lr=0.05), datamodule=DigitsFederated(num_clients=6, concepts=2, seed=0))
@@ -99,7 +105,9 @@ def test_reseeding_resumes_exactly_from_a_round_checkpoint(tmp_path):
     straight = _fit(4)
     _fit(2, enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)])
     (checkpoint,) = tmp_path.glob("epoch=1-*.ckpt")
-    strategy = lf.FedRCStrategy(3, local_steps=2, clients_per_round=4, executor="loop", reseed_threshold=0.34)
+    strategy = lf.FedRCStrategy(
+        3, local_steps=2, clients_per_round=4, executor="loop", config=FedRC.Config(reseed_threshold=0.34),
+    )
     resumed = make_trainer(strategy, max_epochs=4)
     resumed.fit(
         MLPClassifier(lr=0.05),
@@ -119,4 +127,4 @@ def test_reseeding_resumes_exactly_from_a_round_checkpoint(tmp_path):
 )
 def test_bad_reseed_options_are_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
-        lf.FedRCStrategy(3, **options)
+        lf.FedRCStrategy(3, config=FedRC.Config(**options))

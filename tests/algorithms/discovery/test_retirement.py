@@ -133,7 +133,9 @@ def _fit(rounds: int, executor: str = "loop", **trainer_options):
     from tests.conftest import make_trainer
 
     torch.manual_seed(0)
-    strategy = lf.FedRCStrategy(6, clients_per_round=6, local_steps=2, retire_after=2, executor=executor)
+    strategy = lf.FedRCStrategy(
+        6, clients_per_round=6, local_steps=2, config=FedRC.Config(retire_after=2), executor=executor,
+    )
     trainer = make_trainer(strategy, max_epochs=rounds, **trainer_options)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0))
     return trainer
@@ -167,7 +169,9 @@ def test_retirement_resumes_exactly_from_a_checkpoint_written_before_it_acted(tm
     _fit(2, enable_checkpointing=True, callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)])
     (checkpoint,) = tmp_path.glob("epoch=1-*.ckpt")  # after round index 1: nothing retired yet
     torch.manual_seed(0)
-    strategy = lf.FedRCStrategy(6, clients_per_round=6, local_steps=2, retire_after=2, executor="loop")
+    strategy = lf.FedRCStrategy(
+        6, clients_per_round=6, local_steps=2, config=FedRC.Config(retire_after=2), executor="loop",
+    )
     resumed = make_trainer(strategy, max_epochs=5)
     datamodule = DigitsFederated(num_clients=9, concepts=3, seed=0)
     resumed.fit(MLPClassifier(lr=0.2), datamodule=datamodule, ckpt_path=checkpoint)

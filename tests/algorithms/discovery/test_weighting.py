@@ -84,7 +84,9 @@ def _fit_weights(rounds: int, **options) -> list[torch.Tensor]:
     from tests.conftest import make_trainer
 
     torch.manual_seed(0)
-    strategy = lf.FedRCStrategy(3, clients_per_round=6, local_steps=2, executor="loop", **options)
+    strategy = lf.FedRCStrategy(
+        3, clients_per_round=6, local_steps=2, executor="loop", config=FedRC.Config(**options)
+    )
     trainer = make_trainer(strategy, max_epochs=rounds)
     trainer.fit(MLPClassifier(lr=0.2), datamodule=DigitsFederated(num_clients=9, concepts=3, seed=0))
     return [t.detach().clone() for t in trainer.lightning_module.state_dict().values()]

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.algorithms.discovery.grouping import HELD, RELEASED
 from lightning_fedcluster.datamodules import DigitsFederated, FedSoftSynthetic
 from lightning_fedcluster.models import LinearRegressor, MLPClassifier
 from tests.conftest import make_trainer
+from tests.helpers.mechanisms import EVERY_MECHANISM
 
 
 class MomentumMLP(MLPClassifier):
@@ -28,9 +30,7 @@ STRATEGIES = {
         4,
         clients_per_round=9,
         local_steps=3,
-        adam_gamma=True,
-        label_noise_std=0.1,
-        removal_threshold=0.2,
+        config=FedRC.Config(adam_gamma=True, label_noise_std=0.1, removal_threshold=0.2),
         executor=executor,
         clients_per_chunk=4,
     ),
@@ -38,18 +38,7 @@ STRATEGIES = {
         4,
         clients_per_round=9,
         local_steps=2,
-        group_round=1,
-        group_hold=2,
-        group_ramp=1,
-        group_margin=0.9,
-        group_retire=0.2,
-        group_release=0.0,
-        group_release_rounds=1,
-        merge_threshold=100.0,
-        merge_after=2,
-        omega_weighting_from=1,
-        omega_weighting_ramp=1,
-        omega_weighting_strength=0.5,
+        config=EVERY_MECHANISM,
         gradient_clip_val=0.5,
         executor=executor,
         clients_per_chunk=4,

@@ -14,10 +14,12 @@ import lightning.pytorch as pl
 import torch
 
 import lightning_fedcluster as lf
+from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.models import MLPClassifier
 from lightning_fedcluster.prediction import concat_predictions
 from lightning_fedcluster.strategies.round_arguments import Execution
+from tests.helpers.mechanisms import EVERY_MECHANISM
 
 
 def docs_example() -> dict:
@@ -53,9 +55,7 @@ STRATEGIES = {
         4,
         clients_per_round=cpr,
         local_steps=3,
-        adam_gamma=True,
-        removal_threshold=0.2,
-        label_noise_std=0.1,
+        config=FedRC.Config(adam_gamma=True, removal_threshold=0.2, label_noise_std=0.1),
         shared_layers=("net.0",),
         finetune_epochs=1,
     ),
@@ -75,14 +75,21 @@ STRATEGIES = {
         3, clients_per_round=cpr, local_steps=3, server_optimizer="adam", server_lr=0.05
     ),
     "fedrc_grouping": lambda cpr: lf.FedRCStrategy(
-        4, clients_per_round=cpr, local_steps=3, group_round=1, group_hold=2, group_ramp=1,
-        group_margin=0.9, group_retire=0.2, group_release=0.0, group_release_rounds=1,
-        merge_threshold=100.0, merge_after=2, omega_weighting_from=1, omega_weighting_ramp=1,
-        omega_weighting_strength=0.5, gradient_clip_val=0.5,
+        4,
+        clients_per_round=cpr,
+        local_steps=3,
+        config=EVERY_MECHANISM,
+        gradient_clip_val=0.5,
     ),
-    "fedrc_retire": lambda cpr: lf.FedRCStrategy(6, clients_per_round=cpr, local_steps=3, retire_after=1),
+    "fedrc_retire": lambda cpr: lf.FedRCStrategy(
+        6, clients_per_round=cpr, local_steps=3, config=FedRC.Config(retire_after=1),
+    ),
     "fedrc_reseed": lambda cpr: lf.FedRCStrategy(
-        3, clients_per_round=cpr, local_steps=3, reseed_threshold=0.34, optimizer_state="persist"
+        3,
+        clients_per_round=cpr,
+        local_steps=3,
+        config=FedRC.Config(reseed_threshold=0.34),
+        optimizer_state="persist",
     ),
     "fedem": lambda cpr: lf.FedEMStrategy(3, clients_per_round=cpr, local_steps=3),
     "dfedem": lambda cpr: lf.DFedEMStrategy(3, local_steps=3),
