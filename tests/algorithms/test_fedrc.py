@@ -241,7 +241,7 @@ def test_label_stats_floor_caps_the_pull_of_a_label_a_cluster_lacks() -> None:
     state.label_sums[0] = torch.tensor([[3.0, 0.0], [1.0, 2.0]], dtype=F64)
     state.label_sums[1] = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=F64)
     assert_close(FedRC(2).log_label_stats(state)[0, 1], torch.tensor(math.log(1e-8), dtype=F64))
-    rule = lf.FedRCStrategy(2, label_stats_floor=0.01).algorithm
+    rule = lf.FedRCStrategy(2, config=FedRC.Config(label_stats_floor=0.01)).algorithm
     assert rule.config.label_stats_floor == 0.01
     assert_close(rule.log_label_stats(state)[0, 1], torch.tensor(math.log(0.01), dtype=F64))
     assert_close(rule.log_label_stats(state)[:, 0], torch.tensor([0.8, 0.2], dtype=F64).log())
