@@ -81,15 +81,14 @@ def load_partition(path: str, partition_id: int) -> TensorDataset:
 client_app = ClientApp()
 
 
-@client_app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Local training: ``local-epochs`` passes of shuffled minibatches with a fresh SGD."""
-    config = msg.content["config"]
-    torch.set_num_threads(int(config["threads"]))
-    partition_id = int(context.node_config["partition-id"])
+def local_train(
+    weights: dict[str, torch.Tensor], data: TensorDataset, config: Any, partition_id: int
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The ClientApp's local training: ``local-epochs`` passes of shuffled minibatches with a fresh
+    SGD, on a model built for this client from ``weights``. Returns the trained weights and the
+    mean training loss of the steps."""
     model = build_model(str(config["model"]))
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    data = load_partition(str(config["data"]), partition_id)
+    model.load_state_dict(weights)
     seed = int(config["seed"]) * 1_000_003 + int(config["server-round"]) * 1_009 + partition_id
     shuffle = torch.Generator().manual_seed(seed)
     loader = DataLoader(data, batch_size=int(config["batch-size"]), shuffle=True, generator=shuffle)
@@ -104,8 +103,20 @@ def train(msg: Message, context: Context) -> Message:
             loss.backward()
             optimizer.step()
             total, count = total + float(loss) * len(y), count + len(y)
-    metrics = MetricRecord({"train-loss": total / max(count, 1), "num-examples": len(data)})
-    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+    return model.state_dict(), {"train-loss": total / max(count, 1)}
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training (``local_train``) on this node's partition, with the round's weights."""
+    config = msg.content["config"]
+    torch.set_num_threads(int(config["threads"]))
+    partition_id = int(context.node_config["partition-id"])
+    data = load_partition(str(config["data"]), partition_id)
+    weights = msg.content["arrays"].to_torch_state_dict()
+    state, metrics = local_train(weights, data, config, partition_id)
+    record = MetricRecord({**metrics, "num-examples": len(data)})
+    content = RecordDict({"arrays": ArrayRecord(state), "metrics": record})
     return Message(content=content, reply_to=msg)
 
 

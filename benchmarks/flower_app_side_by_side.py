@@ -19,7 +19,9 @@ Workloads (the data is fixed; ``--seeds`` vary the initial weights and the shuff
   W2  FedEM's synthetic task, 300 clients (61,307 rows, 640 steps a round), linear model, batch
       128, SGD lr 0.1; held out: every client's 20 % test rows (15,336).
 
-Every run is a fresh child process with the same torch thread count (``--threads``, set as
+The sides run interleaved: for each seed (and each of ``--repeats``), one run of every side in
+turn, so that a busy machine's drift reaches all sides alike; the ratios are also given run by run
+(paired). Every run is a fresh child process with the same torch thread count (``--threads``, set as
 ``OMP_NUM_THREADS`` and ``torch.set_num_threads`` on both sides, in Ray's workers too). A sampler
 thread reads the child's process tree (the child and all its descendants, Ray's processes
 included) every 0.2 s: CPU seconds (user + system, summed over every process seen) and the sum of
@@ -27,6 +29,7 @@ resident set sizes. s/round is the median over the rounds after the first.
 
     python benchmarks/flower_app_side_by_side.py                        # W1 and W2, seed 0, 5 rounds
     python benchmarks/flower_app_side_by_side.py --seeds 0 1 2 --rounds 5
+    python benchmarks/flower_app_side_by_side.py --repeats 3 --executors loop   # paired, loop only
 """
 
 from __future__ import annotations
@@ -286,6 +289,11 @@ def measure(side: str, workload: str, data: str, rounds: int, seed: int, threads
     return {**json.loads(lines[-1][len("RESULT ") :]), "process_wall": time.perf_counter() - start}
 
 
+def run_median(run: dict[str, Any], key: str) -> float:
+    """One run's median seconds a round (``key``: "wall" or "cpu") over the rounds after the first."""
+    return statistics.median(row[key] for row in (run["rounds"][1:] or run["rounds"]))
+
+
 def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over the rounds after the first (over all seeds), and the mean accuracy."""
     kept = [row for run in runs for row in (run["rounds"][1:] or run["rounds"])]
@@ -305,6 +313,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides (default 1)")
     parser.add_argument("--clients", type=int, default=0, help="the first N clients only (0: all)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every side per seed, interleaved")
+    parser.add_argument("--executors", nargs="+", choices=EXECUTORS, default=list(EXECUTORS),
+                        help="the library's executors to run (default: both)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -320,7 +331,8 @@ def main() -> None:
     print(machine_line())
     print(f"command: {command_line()}")
     seeds = " ".join(map(str, args.seeds))
-    print(f"{args.rounds} rounds; seeds: {seeds}; torch threads per process: {args.threads} on both sides;"
+    print(f"{args.rounds} rounds; seeds: {seeds}; runs per seed and side: {args.repeats}, interleaved; "
+          f"torch threads per process: {args.threads} on both sides;"
           " s/round: median over the rounds after the first (wall, and CPU seconds of "
           "the whole process tree); peak RSS: the tree's largest sampled sum; start + end: the run's process "
           "from start to exit, less its rounds")
@@ -333,9 +345,13 @@ def main() -> None:
             check_same_start(spec)
             data = str(Path(folder) / f"{workload}.pt")
             torch.save((clients, test_x, test_y), data)
-            sides = [*spec["executors"], "flower"]
-            runs = {side: [measure(side, workload, data, args.rounds, s, args.threads) for s in args.seeds]
-                    for side in sides}  # fmt: skip
+            executors = [e for e in spec["executors"] if e in args.executors]
+            sides = [*executors, "flower"]
+            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+            for seed in args.seeds:
+                for _ in range(args.repeats):
+                    for side in sides:  # interleaved: each side once, then again
+                        runs[side].append(measure(side, workload, data, args.rounds, seed, args.threads))
             rows = {side: summary(runs[side]) for side in sides}
             steps = sum(-(-len(y) // spec["batch"]) for _, y in clients)
             rows_total = sum(len(y) for _, y in clients)
@@ -351,11 +367,17 @@ def main() -> None:
                 print(f"{name:<34}{row['wall']:>13.3f}{row['cpu']:>12.3f}{row['start_end']:>12.1f}"
                       f"{row['rss']:>12.0f}  {accuracies}")  # fmt: skip
             flower = rows["flower"]
-            for side in spec["executors"]:
+            for side in executors:
                 cpu = flower["cpu"] / rows[side]["cpu"]
                 print(f"  Flower / this library ({side}): CPU s/round {cpu:.2f}x, "
                       f"wall s/round {flower['wall'] / rows[side]['wall']:.2f}x, "
                       f"peak RSS {flower['rss'] / rows[side]['rss']:.2f}x")
+                if len(runs[side]) > 1:
+                    for key in ("cpu", "wall"):
+                        paired = [run_median(f, key) / run_median(mine, key)
+                                  for f, mine in zip(runs["flower"], runs[side], strict=True)]
+                        print(f"    paired run by run, {key}: median {statistics.median(paired):.2f}x, runs "
+                              + " ".join(f"{r:.2f}" for r in paired))
 
 
 def check_same_start(spec: dict[str, Any]) -> None:

@@ -6,7 +6,8 @@ the first freed tensors, activations, minibatch copies and no-grad pass outputs 
 heap, which only shrinks from its top; their sizes vary with the clients' sizes, the freed holes
 are rarely reused, and the heap grew by ~0.8 GB over two rounds of a 300-client
 FashionMNIST-sized run (``benchmarks/results/memory.md``). ``malloc_trim`` hands the free pages
-inside the heap back.
+inside the heap back. A trim's pages count as free afterwards, and a turn that reuses them faults
+them in again, so the heap is trimmed again only once its free bytes have grown by the bound.
 Off glibc (or before 2.33, without ``mallinfo2``) nothing is done.
 Fixing the threshold instead (``mallopt``) cost ~9x the system time in page faults, since every
 activation then gets fresh pages; a trim between clients when much is free costs little. Values
@@ -60,12 +61,21 @@ def free_heap_bytes() -> int:
     return int(_LIBC.mallinfo2().fordblks) if _LIBC is not None else 0
 
 
+_trimmed_free = [0]  # the arenas' free bytes after the last trim (the lowest seen since)
+
+
 def release_free_heap(min_free_bytes: int = TRIM_FREE_BYTES) -> bool:
-    """``malloc_trim(0)`` when the arenas hold more than ``min_free_bytes`` free; True if it ran.
-    Called before every client's turn, so RSS follows the live tensors. Free bytes stay counted
-    once trimmed, so a run that crossed the bound trims before every turn: ~60 ms of system time
-    per client in the 300-client memory run (pages a turn reuses fault in again), none in small runs."""
-    if _LIBC is None or free_heap_bytes() <= min_free_bytes:
+    """``malloc_trim(0)`` when the arenas hold more than ``min_free_bytes`` free beyond what they
+    held after the last trim; True if it ran. Called before every client's turn, so RSS follows
+    the live tensors. A trim's pages stay counted as free, and a turn that reuses them faults them
+    in again (as costly as the turn's no-grad pass on a small CNN), so a steady heap is trimmed
+    once, and again only when it grows by ``min_free_bytes``."""
+    if _LIBC is None:
+        return False
+    free = free_heap_bytes()
+    _trimmed_free[0] = min(_trimmed_free[0], free)
+    if free - _trimmed_free[0] <= min_free_bytes:
         return False
     _LIBC.malloc_trim(0)
+    _trimmed_free[0] = free_heap_bytes()
     return True

@@ -206,6 +206,7 @@ def local_sgd(
     started_init: Tensor | None = None,
     return_state: bool = False,
     gradient_clip_val: float | None = None,
+    on_step: Callable[[StepBatch, Tensor], None] | None = None,
 ) -> Params | tuple[Params, Params, Tensor]:
     """Run the local SGD steps of every (client, cluster) pair; returns the final [C, K, ...]
     parameters (``params`` is not modified). ``buffers`` are the K clusters' [K, ...] buffers.
@@ -222,6 +223,9 @@ def local_sgd(
     ``gradient_clip_val``: each pair's gradient (the loss's and the proximal term's, before weight
     decay, as ``clip_grad_norm_`` before ``torch.optim.SGD``'s step) is rescaled to this norm
     where it is longer (``engine/gradient_clipping.py``).
+
+    ``on_step(batch, logits)``: called after each step's gradients with the step's raw outputs
+    [m, K, B, ...] (detached, before the update), for the training metrics.
     """
     if (proximal is None) != (anchors is None):
         raise ValueError("give proximal coefficients and anchors together")
@@ -230,8 +234,15 @@ def local_sgd(
         out = select(functional_call(template, (p, b), (x,)))
         return (w * loss_fn(out, y)).sum() / divisor
 
+    def pair_loss_and_logits(
+        p: Params, b: Params, x: Tensor, y: Tensor, w: Tensor, divisor: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        out = select(functional_call(template, (p, b), (x,)))
+        return (w * loss_fn(out, y)).sum() / divisor, out.detach()
+
     # Inner map: the K clusters of one client (same samples, own weights column); outer: clients.
-    per_client = vmap(grad(pair_loss), in_dims=(0, 0, None, None, 1, None), randomness=randomness)
+    gradient = grad(pair_loss) if on_step is None else grad(pair_loss_and_logits, has_aux=True)
+    per_client = vmap(gradient, in_dims=(0, 0, None, None, 1, None), randomness=randomness)
     all_pairs = vmap(per_client, in_dims=(0, None, 0, 0, 0, 0), randomness=randomness)
     theta = {n: p.detach().clone() for n, p in params.items()}
     if momentum_init is not None and config.momentum:
@@ -246,6 +257,9 @@ def local_sgd(
         m = batch.x.shape[0]
         live = {n: p[:m] for n, p in theta.items()}
         grads = all_pairs(live, buffers, batch.x, batch.y, batch.weights, batch.divisor.to(batch.weights))
+        if on_step is not None:
+            grads, logits = grads
+            on_step(batch, logits)
         if started is None:
             started = torch.zeros(
                 next(iter(theta.values())).shape[:2], dtype=torch.bool, device=batch.x.device

@@ -17,16 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import (
     Algorithm,
     ClientContext,
     ClientReport,
+    ClientRule,
     Contribution,
     LocalPlan,
 )
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
+from lightning_fedcluster.algorithms.fedprox import FedProx
 from lightning_fedcluster.algorithms.mixture import mixture_probabilities
 from lightning_fedcluster.algorithms.seeds import CLIENT_RNG, MINIBATCH_ORDER, derive_seed
 from lightning_fedcluster.engine.task import Task
@@ -117,6 +119,30 @@ def minibatch_order(seed: int, round_index: int, client: int, num_samples: int, 
     return torch.randperm(num_samples, generator=generator)
 
 
+def needs_loss_pass(rule: Algorithm, model: nn.Module) -> bool:
+    """Whether a client's turn starts with the no-grad pass of the K global models over its
+    training rows (the E-step pass). Every rule's E-step reads those per-sample losses except one
+    model's assignment (FedAvg, FedProx: ``FedProx.e_step`` assigns every row to the one model
+    whatever the losses, and a rule that reads the outputs says so with ``ClientOutputs``); there
+    the pass would only measure the training metrics, which come from the local steps' forward
+    passes instead (``step_metric_sums``). A model with its own ``per_sample_loss`` keeps the pass:
+    its steps' outputs are not seen."""
+    kind = type(rule)
+    return not (
+        rule.num_clusters == 1
+        and kind.e_step is FedProx.e_step
+        and kind.e_step_many is ClientRule.e_step_many
+        and not rule.capabilities.client_outputs
+        and not callable(getattr(model, "per_sample_loss", None))
+    )
+
+
+def passless_losses(rows: int, device: torch.device | str) -> Tensor:
+    """[rows, 1] zeros: the losses ``prepare`` hands a rule that reads none (``needs_loss_pass``);
+    its report is the same as with the pass's."""
+    return torch.zeros(rows, 1, device=device)
+
+
 def prepare(
     rule: Algorithm,
     losses: Tensor,
@@ -168,6 +194,20 @@ def train_metric_sums(outputs: Tensor, y: Tensor, weights: Tensor, task: Task) -
     values = task.loss_and_score(mixture, y)
     count = torch.tensor(float(y.shape[0]), dtype=torch.float64, device=outputs.device)
     return torch.stack([*values, count])
+
+
+def step_metric_sums(logits: Tensor, y: Tensor, valid: Tensor | None, task: Task) -> Tensor:
+    """[R, 3] float64: ``train_metric_sums`` of one model's raw outputs on R local steps' rows
+    (logits [R, B, ...], labels [R, B, ...]; ``valid`` [R, B] masks padding rows): the training
+    metrics of a turn without the E-step pass, summed over its local steps as Lightning's
+    epoch-level training loss is."""
+    rows, batch = logits.shape[:2]
+    outputs = task.outputs(logits.reshape(rows * batch, *logits.shape[2:])).reshape(rows, batch, -1).double()
+    loss, score = task.row_loss_and_score(outputs, y)
+    count = torch.ones_like(loss)
+    if valid is not None:
+        loss, score, count = (torch.where(valid, v, torch.zeros_like(v)) for v in (loss, score, count))
+    return torch.stack([loss.sum(1), score.sum(1), count.sum(1)], dim=1)
 
 
 def contributions(rule: Algorithm, work: ClientWork, report: ClientReport) -> list[Contribution]:

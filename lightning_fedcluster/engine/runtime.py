@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_fedcluster.algorithms.base import Algorithm
+from lightning_fedcluster.engine.client import needs_loss_pass
 from lightning_fedcluster.engine.copies import ClusterCopies
 from lightning_fedcluster.engine.losses import evaluate_models
 from lightning_fedcluster.engine.optimizer_state import StateLayout
@@ -83,6 +84,12 @@ class LocalSetup:
     @property
     def models(self) -> nn.ModuleList:
         return self.copies.models
+
+    @property
+    def loss_pass(self) -> bool:
+        """Whether a client's turn starts with the E-step pass (``client.needs_loss_pass``); without
+        it the training metrics come from the local steps."""
+        return needs_loss_pass(self.rule, self.models[0])
 
     def evaluate(self, x: Tensor, y: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
         """Per-sample losses [N, K] (None without labels) and outputs [K, N, ...] of the K working

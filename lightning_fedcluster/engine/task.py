@@ -83,10 +83,16 @@ class Task(str, Enum):
 
     def loss_and_score(self, mixture: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Summed mixture NLL and correct predictions (regression: the squared error twice), float64."""
+        loss, score = self.row_loss_and_score(mixture, y)
+        return loss.sum(), score.sum()
+
+    def row_loss_and_score(self, mixture: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Per row [..., N] (any leading axes), float64: the mixture's NLL and whether its
+        prediction is right (regression: the squared error twice)."""
         if self.is_classification:
-            likelihood = mixture.gather(1, y.unsqueeze(1)).squeeze(1).clamp_min(1e-300)
-            return -likelihood.log().sum(), self.score(mixture, y)
-        error = self.squared_error(mixture, y).sum()
+            likelihood = mixture.gather(-1, y.unsqueeze(-1)).squeeze(-1).clamp_min(1e-300)
+            return -likelihood.log(), (mixture.argmax(-1) == y).double()
+        error = (mixture.double() - y.reshape(mixture.shape).double()).square().mean(-1)
         return error, error
 
     @staticmethod

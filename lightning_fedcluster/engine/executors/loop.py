@@ -25,8 +25,10 @@ from lightning_fedcluster.engine.client import (
     contributions,
     minibatch_order,
     non_finite_error,
+    passless_losses,
     prediction_weights_per_row,
     prepare,
+    step_metric_sums,
     train_metric_sums,
 )
 from lightning_fedcluster.engine.client_sampling import derive_seed, epoch_batch
@@ -41,7 +43,7 @@ from lightning_fedcluster.engine.gradient_clipping import clip_copy_gradients
 from lightning_fedcluster.engine.host import TrainingHost
 from lightning_fedcluster.engine.losses import per_sample_loss
 from lightning_fedcluster.engine.optimizer_state import load_state, read_state
-from lightning_fedcluster.engine.outputs import LogitsFrom
+from lightning_fedcluster.engine.outputs import LogitsFrom, forward_logits
 from lightning_fedcluster.engine.round import Reduce, RoundState
 from lightning_fedcluster.engine.runtime import ClientRuntime, LocalSetup, LocalSolver, Timer, untimed
 from lightning_fedcluster.engine.task import Task
@@ -63,13 +65,15 @@ class Copies(Protocol):
 @dataclass
 class ClientTurn:
     """One client's turn in progress: its plan (``work``), data, its training metric sums (added
-    to the round's once its work is accepted), and minibatch permutation per local epoch."""
+    to the round's once its work is accepted; from its local steps when ``step_metrics``, the turn
+    without the E-step pass), and minibatch permutation per local epoch."""
 
     work: ClientWork
     x: Tensor
     y: Tensor
     metrics: Tensor
     orders: dict[int, Tensor] = field(default_factory=dict)
+    step_metrics: bool = False
 
 
 def plan_loss(
@@ -81,15 +85,21 @@ def plan_loss(
     weights: Tensor | None,
     size: int,
     anchors: list[list[Tensor]] | None,
+    logits: list[Tensor] | None = None,
 ) -> Tensor:
     """The local objective on one minibatch: Σ over the trained copies k of
     (1/B) Σ_j w_jk f(x_j, y_j; θ_k), plus (c/2)‖w_k − θ_anchor‖² per proximal anchor when
-    ``anchors`` (the round's global tensors) are given."""
+    ``anchors`` (the round's global tensors) are given. ``logits``: a list that receives each
+    trained copy's raw outputs (detached), for the training metrics."""
     total = torch.zeros((), device=module.device)
     for s, k in enumerate(plan.clusters):
         if k not in trained:
             continue
-        loss = per_sample_loss(module.models[k], x, y, module.task, None, module.logits_from)
+        out = None
+        if logits is not None:
+            out = forward_logits(module.models[k], x, module.logits_from)
+            logits.append(out.detach())
+        loss = per_sample_loss(module.models[k], x, y, module.task, out, module.logits_from)
         total = total + (loss if weights is None else weights[:, s] * loss).sum() / size
         if anchors is not None and plan.proximal:
             total = total + proximal_term(module, k, plan.proximal[s], anchors)
@@ -135,7 +145,9 @@ def start_turn(
 ) -> ClientTurn:
     """The round's global weights into the working copies, the client's optimizer state (fresh,
     or ``stored`` (vector, started flags) with a persistent layout), its E-step pass and plan
-    (the client contract with one client), and its training metrics (``train_metric_sums``)."""
+    (the client contract with one client), and its training metrics (``train_metric_sums``).
+    A rule that reads no losses (``LocalSetup.loss_pass``) gets no pass: its plan is the same, and
+    its training metrics come from the local steps (``turn_step``)."""
     release_free_heap()  # the last client's freed activations, so the heap cannot fragment and grow
     client, round_index = context.client, context.round_index
     seed_random_layers(derive_seed(setup.seed, round_index, client), setup.device)  # rank-independent
@@ -144,10 +156,16 @@ def start_turn(
         solver.optimizer.state.clear()
     else:
         load_state(solver.optimizer, solver.layout, *stored)
-    losses, outputs = setup.evaluate(x, y)
+    if setup.loss_pass:
+        losses, outputs = setup.evaluate(x, y)
+    else:
+        losses, outputs = passless_losses(x.shape[0], setup.device), None
     offsets = torch.tensor([0, x.shape[0]])
     (work,) = prepare(setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed, outputs)
     work.order = work.order.to(setup.device)
+    if outputs is None:
+        metrics = torch.zeros(3, dtype=torch.float64, device=setup.device)
+        return ClientTurn(work, x, y, metrics, {0: work.order}, step_metrics=True)
     weights = prediction_weights_per_row(setup.rule, [work], setup.device)
     return ClientTurn(work, x, y, train_metric_sums(outputs, y, weights, setup.task), {0: work.order})
 
@@ -155,15 +173,19 @@ def start_turn(
 def turn_step(
     setup: LocalSetup, solver: LocalSolver, turn: ClientTurn, step: int, anchors: list[list[Tensor]]
 ) -> None:
-    """Local step ``step`` of the turn: one minibatch of the plan's loss, one optimizer step."""
+    """Local step ``step`` of the turn: one minibatch of the plan's loss, one optimizer step (and,
+    for a turn without the E-step pass, the step's training metrics)."""
     work = turn.work
     index = batch_index(setup, turn, step)
     weights = None if work.sample_weights is None else work.sample_weights[index]
     solver.zero_grad()
     x, y = turn.x[index], turn.y[index]
-    total = plan_loss(setup, work.plan, work.trained, x, y, weights, index.shape[0], anchors)
+    logits: list[Tensor] | None = [] if turn.step_metrics else None
+    total = plan_loss(setup, work.plan, work.trained, x, y, weights, index.shape[0], anchors, logits)
     if not bool(torch.isfinite(total)):
         raise non_finite_error(work.context.round_index, work.client, f"at local step {step}")
+    if logits:
+        turn.metrics += step_metric_sums(logits[0].unsqueeze(0), y.unsqueeze(0), None, setup.task)[0]
     solver.backward(total)
     clip_copy_gradients(setup.models, work.trained, setup.gradient_clip_val)
     solver.step()

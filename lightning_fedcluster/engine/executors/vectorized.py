@@ -8,12 +8,15 @@ up to floating-point summation order."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.engine.batched_steps import (
     SGDConfig,
+    StepBatch,
     cluster_losses,
     engine_batches,
     epoch_engine_batches,
@@ -27,8 +30,10 @@ from lightning_fedcluster.engine.client import (
     contribution_matrix,
     minibatch_order,
     non_finite_error,
+    passless_losses,
     prediction_weights_per_row,
     prepare,
+    step_metric_sums,
     train_metric_sums,
 )
 from lightning_fedcluster.engine.client_sampling import batches_per_epoch
@@ -98,31 +103,41 @@ class VectorizedExecutor:
         return self._stacked[1], self._stacked[2]
 
     def run_chunk(self, round_state: RoundState, slots: list[int]) -> None:
-        """E-step, local training and accumulation of the clients in ``slots``."""
+        """E-step, local training and accumulation of the clients in ``slots``. A rule that reads
+        no losses (``LocalSetup.loss_pass``) gets no E-step pass: its training metrics come from
+        the local steps."""
         setup, round_index = self.runtime.setup, round_state.round_index
         rows = [int(round_state.clients[s]) for s in slots]
         x, y, local_offsets = self.clients.gather(rows)
+        k_total = setup.copies.num_clusters
         with self.timed("e_step"):
             params, buffers = self.round_models(round_index)
-            losses, raw = cluster_losses(
-                self.eval_template,
-                params,
-                buffers,
-                x,
-                y,
-                loss_fn=self.loss_fn,
-                chunk_size=self.stacked_pass_rows,
-                select=self.select,
-            )
-            k_total = setup.copies.num_clusters
-            outputs = torch.stack([model_outputs(raw[k], setup.task) for k in range(k_total)])
+            outputs = weights = step_sums = None
+            if setup.loss_pass:
+                losses, raw = cluster_losses(
+                    self.eval_template,
+                    params,
+                    buffers,
+                    x,
+                    y,
+                    loss_fn=self.loss_fn,
+                    chunk_size=self.stacked_pass_rows,
+                    select=self.select,
+                )
+                outputs = torch.stack([model_outputs(raw[k], setup.task) for k in range(k_total)])
+            else:
+                losses = passless_losses(x.shape[0], setup.device)
+                step_sums = torch.zeros(len(rows), 3, dtype=torch.float64, device=setup.device)
             contexts = [self.clients.context(setup, round_state, row, setup.num_classes) for row in rows]
             stats = round_state.log_label_stats
             works = prepare(setup.rule, losses, y, local_offsets, contexts, slots, stats, setup.seed, outputs)
-            weights = prediction_weights_per_row(setup.rule, works, setup.device)
+            if outputs is not None:
+                weights = prediction_weights_per_row(setup.rule, works, setup.device)
         with self.timed("local_training"):
             steps = self.clients.steps[rows]
-            trained = self.train_chunk(round_state, works, x, y, local_offsets, steps, params, buffers)
+            trained = self.train_chunk(
+                round_state, works, x, y, local_offsets, steps, params, buffers, step_sums
+            )
             theta, optimizer = trained
             finite = torch.stack([torch.isfinite(t.flatten(2)).all(2) for t in theta.values()]).all(0).all(1)
             if not bool(finite.all()):
@@ -138,11 +153,15 @@ class VectorizedExecutor:
             admitted = [work for work, ok in zip(works, accepted.tolist(), strict=True) if ok]
             for work in admitted:
                 round_state.record(work, work.report)
-            if len(admitted) < len(works):
-                kept = torch.cat([torch.arange(w.start, w.stop) for w in admitted] or [torch.arange(0)])
-                kept = kept.to(y.device)
-                outputs, y, weights = outputs[:, kept], y[kept], weights[kept]
-            round_state.add_metrics(train_metric_sums(outputs, y, weights, setup.task))
+            if step_sums is not None:
+                round_state.add_metrics(step_sums[accepted.to(step_sums.device)].sum(0))
+            else:
+                assert outputs is not None and weights is not None
+                if len(admitted) < len(works):
+                    kept = torch.cat([torch.arange(w.start, w.stop) for w in admitted] or [torch.arange(0)])
+                    kept = kept.to(y.device)
+                    outputs, y, weights = outputs[:, kept], y[kept], weights[kept]
+                round_state.add_metrics(train_metric_sums(outputs, y, weights, setup.task))
             if optimizer is not None:
                 self.store_momentum(round_state, works, *optimizer, accepted)
 
@@ -156,10 +175,12 @@ class VectorizedExecutor:
         steps: Tensor,
         params: dict[str, Tensor],
         buffers: dict[str, Tensor],
+        step_sums: Tensor | None = None,
     ) -> tuple[dict[str, Tensor], tuple[dict[str, Tensor], Tensor] | None]:
         """Every (client, trained copy) pair's local SGD steps; returns θ [C, K, ...] and, with a
         persistent optimizer layout, the momentum buffers [C, K, ...] and started flags [C, K]
-        (stored by the caller for the clients whose work is accepted)."""
+        (stored by the caller for the clients whose work is accepted). ``step_sums`` [C, 3]: the
+        clients' training metric sums, added to from every local step (one model, copy 0)."""
         setup, solver = self.runtime.setup, self.runtime.solver
         k_total = setup.copies.num_clusters
         weights = torch.zeros(y.shape[0], k_total, device=setup.device)
@@ -200,11 +221,24 @@ class VectorizedExecutor:
             started_init=started,
             return_state=layout is not None,
             gradient_clip_val=setup.gradient_clip_val,
+            on_step=None if step_sums is None else self.step_metrics(step_sums),
         )
         if layout is None:
             return result, None
         theta, momentum, started = result
         return theta, (momentum, started)
+
+    def step_metrics(self, sums: Tensor) -> Callable[[StepBatch, Tensor], None]:
+        """The ``on_step`` of ``local_sgd`` that adds each step's training metrics of copy 0 (the
+        one model of a rule without the E-step pass) to ``sums`` [C, 3], padding rows and clients
+        that have run their steps left out."""
+        task = self.runtime.setup.task
+
+        def add(batch: StepBatch, logits: Tensor) -> None:
+            valid = (batch.weights[..., 0] > 0) & batch.active[:, :1]
+            sums[: batch.x.shape[0]] += step_metric_sums(logits[:, 0], batch.y, valid, task)
+
+        return add
 
     def epoch_orders(self, works: list[ClientWork], steps: Tensor) -> list[list[Tensor]]:
         """Each client's permutation for every local epoch it runs this round (the loop's)."""
