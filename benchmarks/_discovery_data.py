@@ -20,6 +20,8 @@ chosen on.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -119,3 +121,10 @@ def digits_set(seed: int) -> FederatedDataModule:
 def digits_model() -> FashionCNN:
     """The image recipe's CNN: 16/32 channels, 128 hidden units, SGD lr 0.05, momentum 0.9."""
     return FashionCNN(lr=0.05, momentum=0.9, channels=(16, 32), hidden=128)
+
+
+def append_record(path: Path | None, record: dict[str, Any]) -> None:
+    """Append ``record`` to the JSON-lines file ``path`` (nothing when ``path`` is None)."""
+    if path is not None:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")

@@ -54,7 +54,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from _common import cpu_model, make_trainer, quiet, set_threads
-from _discovery_data import HELD_ASIDE, concept_set, digits_model, digits_set, tabular_model
+from _discovery_data import HELD_ASIDE, append_record, concept_set, digits_model, digits_set, tabular_model
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_fedcluster import FedAvgStrategy, FederatedDataModule, FedRCStrategy, IFCAStrategy
@@ -291,9 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         f"{record['wall_s']:>6.1f}",
                         flush=True,
                     )
-                    if args.out is not None:
-                        with open(args.out, "a") as f:
-                            f.write(json.dumps(record) + "\n")
+                    append_record(args.out, record)
 
 
 if __name__ == "__main__":

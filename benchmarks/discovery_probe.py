@@ -44,6 +44,7 @@ from _common import machine_line, make_trainer, quiet, set_threads
 from _discovery_data import (
     CONCEPTS,
     HELD_ASIDE,
+    append_record,
     concept_set,
     digits_model,
     digits_set,
@@ -349,9 +350,7 @@ def main() -> None:
                 f"{record['fit_s']:>7.1f}",
                 flush=True,
             )
-            if args.out is not None:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+            append_record(args.out, record)
 
 
 if __name__ == "__main__":
