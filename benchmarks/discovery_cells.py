@@ -205,6 +205,13 @@ def _mean_sd(values: Sequence[float]) -> str:
     return f"{statistics.fmean(values):.3f}{sd}"
 
 
+def _seeds(seeds: Sequence[int]) -> str:
+    """Seeds as "100–104" when consecutive, else "100, 102"."""
+    if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}–{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
 def _counts(values: Sequence[int]) -> str:
     """Models at the end: "3" when every seed agrees, else "1 ×4, 2 ×1"."""
     tally = sorted({v: values.count(v) for v in values}.items())
@@ -238,7 +245,7 @@ def summarise(path: Path) -> str:
             aris = [r["ari_last"] for r in rows if r["ari_last"] is not None]
             placed = f"{sum(a >= 0.8 for a in aris)} of {len(aris)}" if aris else "–"
             lines.append(
-                f"| {config} | {rounds} | {', '.join(str(r['seed']) for r in rows)} "
+                f"| {config} | {rounds} | {_seeds([r['seed'] for r in rows])} "
                 f"| {_mean_sd([r['global_last'] for r in rows])} "
                 f"| {_mean_sd([r['global_best'] for r in rows])} "
                 f"| {placed} | {_counts([r['models_end'] for r in rows])} "
