@@ -41,25 +41,23 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from _common import fedrc_keywords, machine_line, make_trainer, quiet, set_threads
-from authors_data import digits_28
-
-from lightning_fedcluster import (
-    FedAvgStrategy,
-    FedEMStrategy,
-    FederatedDataModule,
-    FedRCStrategy,
-    IFCAStrategy,
+from _discovery_data import (
+    CONCEPTS,
+    HELD_ASIDE,
+    append_record,
+    concept_set,
+    digits_model,
+    digits_set,
+    rule_agreement,
+    tabular_model,
 )
+
+from lightning_fedcluster import FedAvgStrategy, FedEMStrategy, FedRCStrategy, IFCAStrategy
 from lightning_fedcluster.algorithms.base import masked_log_omega
 from lightning_fedcluster.algorithms.protocols import label_statistics
 from lightning_fedcluster.algorithms.signatures import k_medoids
 from lightning_fedcluster.callbacks.takeoff_diagnostics import TakeoffDiagnostics, separation
 from lightning_fedcluster.metrics.clustering import grouping_ari
-from lightning_fedcluster.models import FashionCNN, MLPClassifier
-
-HELD_ASIDE = range(100, 120)
-FEATURES, CONCEPTS = 9, 3
-CHI2_4_MEDIAN = 3.357  # the median of a chi-square with 4 degrees of freedom
 
 # The K-from-the-data block, verbatim from docs/how-clusters-form.md ("A 30-round hold").
 K_FROM_THE_DATA: dict[str, Any] = dict(
@@ -138,65 +136,6 @@ CONFIGS: dict[str, tuple[type, int, dict[str, Any]]] = {
     "fedrc3-tehc": (FedRCStrategy, 3, dict(hard_prediction=True)),
     "fedrc3-trhc-omegaw": (FedRCStrategy, 3, dict(hard_training=True, omega_weighting_from=0)),
 }
-
-
-def labelling_rules(kind: str, generator: torch.Generator) -> Any:
-    """The three concepts' rules, as a function (x [N, 9], concept) -> labels [N] (long).
-
-    ``"linear"``: y = 1[w_c · x > 0] with three orthonormal w_c (random, from the generator).
-    ``"mixed"``: three rules of different kinds on disjoint features, each balanced: concept 0 a
-    random half-space of x_0..x_2, concept 1 the sign pattern x_3 · x_4 > 0 (an exclusive or),
-    concept 2 a radial threshold ‖x_5..x_8‖² > 3.357 (the median of χ²_4). Either way any two
-    rules agree on half of the rows."""
-    if kind == "linear":
-        w = torch.linalg.qr(torch.randn(FEATURES, FEATURES, generator=generator))[0][:, :CONCEPTS].T  # [3, 9]
-        return lambda x, c: (x @ w[c] > 0).long()
-    if kind != "mixed":
-        raise ValueError(f"kind must be 'linear' or 'mixed', got {kind!r}")
-    w0 = torch.randn(3, generator=generator)
-    rules = (
-        lambda x: x[:, :3] @ w0 > 0,
-        lambda x: x[:, 3] * x[:, 4] > 0,
-        lambda x: x[:, 5:].square().sum(1) > CHI2_4_MEDIAN,
-    )
-    return lambda x, c: rules[c](x).long()
-
-
-def concept_set(
-    seed: int, kind: str = "mixed", num_clients: int = 30, global_rows: int = 1000, batch_size: int = 32
-) -> Any:
-    """The tabular concept-shift set of the module docstring, built with ``from_partition``."""
-    generator = torch.Generator().manual_seed(seed)
-    label = labelling_rules(kind, generator)
-    train_rows = torch.randint(150, 451, (num_clients,), generator=generator)
-    rows = torch.ceil(train_rows / 0.8).long()  # a fifth held out for validation and test
-    concept = [i % CONCEPTS for i in range(num_clients)]
-    xs, ys, parts, start = [], [], [], 0
-    for i in range(num_clients):
-        x = torch.randn(int(rows[i]), FEATURES, generator=generator)
-        xs.append(x)
-        ys.append(label(x, concept[i]))
-        parts.append(torch.arange(start, start + x.shape[0]))
-        start += x.shape[0]
-    global_test = []
-    for c in range(CONCEPTS):
-        x = torch.randn(global_rows, FEATURES, generator=generator)
-        global_test.append((x, label(x, c)))
-    return FederatedDataModule.from_partition(
-        torch.cat(xs), torch.cat(ys), [p.numpy() for p in parts], concept=concept, global_test=global_test,
-        global_concept=list(range(CONCEPTS)), num_classes=2, batch_size=batch_size, seed=seed,
-    )  # fmt: skip
-
-
-def rule_agreement(seed: int, kind: str, rows: int = 100_000) -> list[float]:
-    """The share of rows on which each pair of the seed's rules gives the same label, and each
-    rule's share of label 1."""
-    generator = torch.Generator().manual_seed(seed)
-    label = labelling_rules(kind, generator)
-    x = torch.randn(rows, FEATURES, generator=generator)
-    labels = torch.stack([label(x, c) for c in range(CONCEPTS)], 1)
-    pairs = [float((labels[:, a] == labels[:, b]).float().mean()) for a in range(3) for b in range(a + 1, 3)]
-    return pairs + [float(v) for v in labels.float().mean(0)]
 
 
 def score_groups(scores: torch.Tensor, active: list[int], concept: torch.Tensor) -> tuple[float, float]:
@@ -283,14 +222,9 @@ def run(name: str, seed: int, rounds: int, diagnostics: bool, kind: str) -> dict
     strategy = strategy_class(**common, **options) if k == 1 else strategy_class(k, **common, **options)
     if kind == "digits":
         # off the take-off cells' recipe: 5 local steps, half of the clients per round, a small CNN
-        images, labels = digits_28()
-        dm = FederatedDataModule.from_tensors(
-            images, labels, num_clients=30, concepts=3, batch_size=32, seed=seed
-        )
-        model = FashionCNN(lr=0.05, momentum=0.9, channels=(16, 32), hidden=128)
+        dm, model = digits_set(seed), digits_model()
     else:
-        dm = concept_set(seed, kind)
-        model = MLPClassifier(in_features=FEATURES, num_classes=2, hidden=(64, 64), lr=0.05, momentum=0.9)
+        dm, model = concept_set(seed, kind), tabular_model()
     probe = TakeoffDiagnostics(gradients=True) if diagnostics else None
     events, split = Events(), GammaSplit()
     callbacks = (
@@ -418,9 +352,7 @@ def main() -> None:
                 f"{record['fit_s']:>7.1f}",
                 flush=True,
             )
-            if args.out is not None:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+            append_record(args.out, record)
 
 
 if __name__ == "__main__":
