@@ -17,9 +17,8 @@ Cells (``CELLS``; the data and models are ``_discovery_data.py``'s):
 
 Configurations (``CONFIGS``): ``fedavg``; ``fedrc3`` the paper's FedRC at the true K
 (``FedRCStrategy(3)``); ``fedrc6`` (``FedRCStrategy(6)``); ``ifca3`` (``IFCAStrategy(3)``);
-``policy``, ``FedRCStrategy(6, discovery=ConceptDiscovery())`` with ``ConceptDiscovery`` from
-``lightning_fedcluster.algorithms.discovery.policy`` (refused before any training where the
-package has none).
+``policy``, ``FedRCStrategy(6, discovery=ConceptDiscovery())`` (the concept-discovery policy with
+its defaults, the same object on every cell).
 
 Each run validates every round and keeps the checkpoint of the best validation global accuracy;
 its line holds the test global accuracy and the concept ARI of the clients' largest ω at the last
@@ -57,10 +56,15 @@ from _common import cpu_model, make_trainer, quiet, set_threads
 from _discovery_data import HELD_ASIDE, append_record, concept_set, digits_model, digits_set, tabular_model
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_fedcluster import FedAvgStrategy, FederatedDataModule, FedRCStrategy, IFCAStrategy
+from lightning_fedcluster import (
+    ConceptDiscovery,
+    FedAvgStrategy,
+    FederatedDataModule,
+    FedRCStrategy,
+    IFCAStrategy,
+)
 from lightning_fedcluster.cli import MAIN_JOB_DEFAULTS
 
-POLICY_MODULE = "lightning_fedcluster.algorithms.discovery.policy"
 DEFAULT_SEEDS = list(HELD_ASIDE)[:5]
 
 
@@ -96,25 +100,13 @@ CELLS: dict[str, Cell] = {
 }
 
 
-def discovery_policy() -> Any:
-    """``ConceptDiscovery()``, imported when asked for; SystemExit naming what is missing."""
-    try:
-        return importlib.import_module(POLICY_MODULE).ConceptDiscovery()
-    except (ImportError, AttributeError) as error:
-        raise SystemExit(
-            f"--configs policy needs ConceptDiscovery from {POLICY_MODULE}, which this checkout of "
-            f"lightning_fedcluster does not have ({error}); run the other configurations, or install a "
-            "version with the policy"
-        ) from error
-
-
 # name -> strategy given the recipe's keywords (seed included)
 CONFIGS: dict[str, Callable[..., Any]] = {
     "fedavg": lambda **recipe: FedAvgStrategy(**recipe),
     "fedrc3": lambda **recipe: FedRCStrategy(3, **recipe),
     "fedrc6": lambda **recipe: FedRCStrategy(6, **recipe),
     "ifca3": lambda **recipe: IFCAStrategy(3, **recipe),
-    "policy": lambda **recipe: FedRCStrategy(6, discovery=discovery_policy(), **recipe),
+    "policy": lambda **recipe: FedRCStrategy(6, discovery=ConceptDiscovery(), **recipe),
 }
 
 
@@ -274,8 +266,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if any(r < 1 for r in args.rounds):
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if "policy" in args.configs:
-        discovery_policy()  # refused here, before any training, where the package has none
     done = {_key(r) for r in read_records(args.out)} if args.skip_done and args.out else set()
     set_threads(1)
     quiet()

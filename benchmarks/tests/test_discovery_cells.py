@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from _discovery_data import CONCEPTS, concept_set, labelling_rules
-from discovery_cells import POLICY_MODULE, main, summarise
+from discovery_cells import main, summarise
 
 FIELDS = {
     "cell", "config", "seed", "rounds", "global_last", "ari_last", "global_best", "ari_best", "best_round",
@@ -56,17 +56,14 @@ def test_two_rounds_write_every_field_and_the_summary_prints_the_table(tmp_path,
     assert summarise(out).strip() == table.strip()
 
 
-def test_the_policy_is_refused_before_training_where_the_package_has_none(tmp_path):
-    try:
-        __import__(POLICY_MODULE)
-    except ImportError:
-        pass
-    else:
-        pytest.skip("the package has the discovery policy")
+def test_the_policy_runs_from_six_clusters_and_records_its_models(tmp_path, restore_threads):
     out = tmp_path / "cells.jsonl"
-    with pytest.raises(SystemExit, match="--configs policy needs ConceptDiscovery"):
-        main(["--cells", "tabular-one", "--configs", "fedavg", "policy", "--rounds", "1", "--out", str(out)])
-    assert not out.exists()
+    arguments = ["--cells", "tabular-one", "--configs", "policy", "--seeds", "100", "--rounds", "3"]
+    main([*arguments, "--out", str(out)])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (record["cell"], record["config"], record["rounds"]) == ("tabular-one", "policy", 3)
+    assert 1 <= record["models_end"] <= 6
+    assert 0.0 <= record["global_last"] <= 1.0
 
 
 def test_one_concept_is_the_same_draws_labelled_by_the_seeds_rule():
