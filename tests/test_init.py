@@ -21,7 +21,7 @@ def test_the_version_is_the_published_one():
 
 def test_the_front_door_names_the_module_the_datamodule_and_every_strategy():
     strategies = {name for name in lf.__all__ if name.endswith("Strategy")}
-    assert set(lf.__all__) == strategies | {"ClusteredModule", "FederatedDataModule"}
+    assert set(lf.__all__) == strategies | {"ClusteredModule", "FederatedDataModule", "ConceptDiscovery"}
     assert all(issubclass(getattr(lf, name), FederatedStrategy) for name in strategies)
     names = {getattr(lf, name).strategy_name for name in strategies}
     assert names == {"federated", "fedrc", "fedem", "dfedem", "fedsoft", "ifca", "fesem", "wecfl", "cfl",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from lightning_fedcluster import ConceptDiscovery, FedRCStrategy
 from lightning_fedcluster.algorithms.discovery.placement import PLACED, Placement
