@@ -3,15 +3,15 @@
 Two numbers, each meaningful without knowing the run:
 
 - ``min_share``: the smallest share of the rows a concept must hold to keep a model of its own
-  (a group below it gets no cluster; a cluster below it is removed);
+  (a cluster below it is removed);
 - ``gap``: the log-likelihood gap, in nats per sample, below which two clusters hold one concept
-  (their members fit both models within it: they merge).
+  (their members fit both models within it, and no less closely than before: they merge).
 
-Every decision is fired by what the run measures, never by a round number: the concept grouping
-when the prediction signatures separate and stay put (``signature_trigger.py``), a client's
-placement when its fit says so (``placement.py``), the K events when the assignments have settled
-(``settled_events.py``). The only bounds are fractions of the run. Where no signal fires the run
-is FedRC's. ``FedRCStrategy(num_clusters, discovery=ConceptDiscovery())``; ``discovery=None`` is
+Every decision is fired by what the run measures, never by a round number: a client's placement
+when its fit says so (``placement.py``), the K events when the assignments have settled and a
+pair's gap is small and steady (``settled_events.py``). The only bound is a fraction of the run.
+Where no signal fires the run is FedRC's with its copies weighed by ω at half strength.
+``FedRCStrategy(num_clusters, discovery=ConceptDiscovery())``; ``discovery=None`` is
 the paper's FedRC exactly.
 """
 
@@ -30,11 +30,12 @@ class ConceptDiscovery:
 
     Args:
         min_share: the share of the rows, in (0, 0.5), a concept needs for a model of its own.
-        gap: nats per sample, > 0: two clusters whose members fit both within it are one concept.
+        gap: nats per sample, > 0: two clusters whose members fit both within it, steadily, are
+            one concept.
     """
 
     min_share: float = 0.05
-    gap: float = 0.02
+    gap: float = 0.05
 
     def __post_init__(self) -> None:
         share = self.min_share
@@ -42,7 +43,7 @@ class ConceptDiscovery:
             raise ValueError(f"min_share must be a share of the rows in (0, 0.5) (e.g. 0.05), got {share!r}")
         gap = self.gap
         if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0:
-            raise ValueError(f"gap must be > 0 (nats per sample, e.g. 0.02), got {gap!r}")
+            raise ValueError(f"gap must be > 0 (nats per sample, e.g. 0.05), got {gap!r}")
 
     def components(self) -> tuple[Component, ...]:
         """The mechanisms, in the order the server runs them after a round: placement (its

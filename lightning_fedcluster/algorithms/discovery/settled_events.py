@@ -14,20 +14,29 @@ specialised, every pair of clusters looks alike. So these events wait for three 
   rounds.
 
 Then, at most one event a round: the two clusters whose members fit both within ``gap`` nats per
-sample merge (``merging.py``'s gap; the one explaining less of the data goes into the other), or
-else the alive cluster with the smallest share of the rows is removed when that share is below
-``min_share``. One at a time, each on its own evidence, so no round removes more than it measured.
+sample, with a gap no larger than at those members' participations before, merge (the one
+explaining less of the data goes into the other), or else the alive cluster with the smallest
+share of the rows is removed when that share is below ``min_share``. One at a time, each on its
+own evidence, so no round removes more than it measured.
+
+The fit is the mean −loss per cluster (``merging.py``'s gap without FedRC's label term: a merge
+pools the two clusters' labels). The gap must be steady because two clusters of one concept,
+each trained by its own clients, drift apart and then hold their gap (0.02–0.05 nats on the
+one-concept tabular set, 40–120 rounds), while two concepts that are separating start as close
+and then grow apart fast (0.005 → 0.02 → 0.3 nats in three rounds on the mixed rules).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note, RemoveClusters, ServerAction
-from lightning_fedcluster.algorithms.discovery.merging import closest_pair
+from lightning_fedcluster.algorithms.client_state import Scope, StateEntry
+from lightning_fedcluster.algorithms.discovery.merging import pair_gaps
 from lightning_fedcluster.algorithms.discovery.placement import PLACED, PLACED_AT
 from lightning_fedcluster.algorithms.discovery.protocol import (
-    CLUSTER_SCORES,
+    ClientTurn,
     Component,
     DiscoveryView,
     cluster_shares,
@@ -38,6 +47,9 @@ QUIET_ROUNDS = 3
 PLACED_SHARE = 0.8  # the share of the seen clients placed before K events (or LATE_SHARE of the run)
 LATE_SHARE = 2 / 3
 MAX_MOVED = 0.1
+FITS = "cluster_fits"  # a client's mean −loss per cluster [K] at its last participation
+FITS_BEFORE = "cluster_fits_before"  # the same at the participation before
+FITS_TURNS = "cluster_fits_turns"  # the participations that recorded a fit
 TURNS_SEEN = 3  # an unbounded run: participations of every seen client before any K event
 
 
@@ -70,10 +82,25 @@ class SettledEvents(Component):
     """Merge or remove one cluster a round once the assignments have settled (module docstring)."""
 
     decisive = True
-    wants_scores = True
 
     def __init__(self, gap: float, min_share: float) -> None:
         self.gap, self.min_share = gap, min_share
+
+    def state_entries(self, num_clusters: int) -> tuple[StateEntry, ...]:
+        return (
+            StateEntry(FITS, Scope.CLIENT, (num_clusters,), reported=True),
+            StateEntry(FITS_BEFORE, Scope.CLIENT, (num_clusters,), reported=True),
+            StateEntry(FITS_TURNS, Scope.CLIENT, reported=True),
+        )
+
+    def client(self, turn: ClientTurn) -> ClientTurn:
+        """Keep the client's fit per cluster (mean −loss; no label term: a merge pools the labels)
+        and the one of its participation before, to tell a steady gap from a growing one."""
+        extra = turn.context.extra
+        extra[FITS_BEFORE] = extra[FITS].clone()
+        extra[FITS] = -turn.losses.to(torch.float64).mean(0)
+        extra[FITS_TURNS] = extra[FITS_TURNS] + 1
+        return turn
 
     def actions(self, view: DiscoveryView) -> list[ServerAction]:
         state, outcome = view.state, view.server.outcome
@@ -84,9 +111,12 @@ class SettledEvents(Component):
             return []
         sizes, omega, seen, active = outcome.train_sizes, state.omega, state.seen, state.active
         round_number = outcome.round_index + 1
-        found = closest_pair(omega, state.extra[CLUSTER_SCORES], sizes, seen, active)
+        twice = seen & (state.extra[FITS_TURNS] >= 2)
+        found = steady_pair(
+            omega, state.extra[FITS], state.extra[FITS_BEFORE], sizes, twice, active, self.gap
+        )
         share = cluster_shares(omega, sizes, seen)
-        if found is not None and found[0] < self.gap:
+        if found is not None:
             gap, first, second = found
             target, source = (
                 (first, second) if float(share[first]) >= float(share[second]) else (second, first)
@@ -95,7 +125,7 @@ class SettledEvents(Component):
                 MergeClusters(target=target, source=source),
                 Note(
                     f"round {round_number}: merged cluster {source} into cluster {target} (their members fit "
-                    f"both within {gap:.3f} nats per sample, below {self.gap}; {why})"
+                    f"both within {gap:.3f} nats per sample, below {self.gap} and not growing; {why})"
                 ),
             ]
         masked = torch.where(active, share, torch.full_like(share, torch.inf))
@@ -111,3 +141,21 @@ class SettledEvents(Component):
                 f"of the rows, below {self.min_share:.0%}; {why}); {int(active.sum()) - 1} remain"
             ),
         ]
+
+
+def steady_pair(
+    omega: Tensor,
+    fits: Tensor,
+    fits_before: Tensor,
+    sizes: Tensor,
+    members: Tensor,
+    active: Tensor,
+    gap: float,
+) -> tuple[float, int, int] | None:
+    """(g_kl, k, l) of the closest pair whose members' gap is below ``gap`` and no larger than at
+    their participations before (two clusters of one concept hold a steady gap; two concepts that
+    are separating have a growing one), over ``members`` (clients with both); None when none qualifies."""
+    now = pair_gaps(omega, fits, sizes, members, active)
+    before = pair_gaps(omega, fits_before, sizes, members, active)
+    steady = [(g, k, m) for (k, m), g in now.items() if g < gap and g <= before.get((k, m), float("inf"))]
+    return min(steady) if steady else None

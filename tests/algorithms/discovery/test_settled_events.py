@@ -7,25 +7,45 @@ import torch
 from lightning_fedcluster.algorithms.actions import MergeClusters, Note, RemoveClusters
 from lightning_fedcluster.algorithms.client_state import ClientState
 from lightning_fedcluster.algorithms.discovery.placement import PLACED, PLACED_AT, Placement
-from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, DiscoveryView
-from lightning_fedcluster.algorithms.discovery.settled_events import SettledEvents, settled
+from lightning_fedcluster.algorithms.discovery.protocol import ClientTurn, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.settled_events import (
+    FITS,
+    FITS_BEFORE,
+    FITS_TURNS,
+    SettledEvents,
+    settled,
+)
 from lightning_fedcluster.algorithms.discovery.signature_trigger import DONE, SignatureGrouping
 from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
-from tests.helpers.algorithms import t
+from tests.helpers.algorithms import ctx, t
 
 # Clients 0-3 (10 rows each) own cluster 0, 1, 1, 2; cluster 3 holds 2 % of the rows. Clusters 0
-# and 1 fit their members alike (gap (0.05 * 3) / 3 = 0.05); cluster 2 is far from both.
+# and 1 fit their members alike (gap (0.05 * 3) / 3 = 0.05), as at the members' participations
+# before; cluster 2 is far from both. Fits are mean −loss per cluster.
 OMEGA = [[0.97, 0.0, 0.0, 0.03], [0.0, 0.97, 0.0, 0.03], [0.0, 0.99, 0.0, 0.01], [0.0, 0.0, 1.0, 0.0]]
 SCORES = [[-1.0, -1.05, -4.0, -5.0], [-1.05, -1.0, -4.0, -5.0], [-1.05, -1.0, -4.0, -5.0],
           [-4.0, -4.0, -1.0, -5.0]]  # fmt: skip
 
 
-def _view(round_index: int, *, done: float = 2.0, moved_at: float = 1.0, num_rounds: int | None = 30):
-    entries = SignatureGrouping(0.05).state_entries(4) + Placement().state_entries(4)
+def _view(
+    round_index: int,
+    *,
+    done: float = 2.0,
+    moved_at: float = 1.0,
+    num_rounds: int | None = 30,
+    fits_before: list[list[float]] = SCORES,
+):
+    entries = (
+        SignatureGrouping(0.05).state_entries(4)
+        + Placement().state_entries(4)
+        + SettledEvents(0.1, 0.05).state_entries(4)
+    )
     state = ClientState.initial(4, 2, 4, entries)
     state.seen[:] = True
     state.omega = t(OMEGA)
-    state.extra[CLUSTER_SCORES] = t(SCORES)
+    state.extra[FITS] = t(SCORES)
+    state.extra[FITS_BEFORE] = t(fits_before)
+    state.extra[FITS_TURNS][:] = 2.0
     state.extra[DONE][:] = done
     state.extra[PLACED] = t([0.0, 1.0, 1.0, 2.0])
     state.extra[PLACED_AT][:] = moved_at
@@ -47,7 +67,27 @@ def test_no_event_before_a_third_of_the_run_while_the_grouping_watches_or_while_
 def test_the_pair_within_the_gap_merges_first_the_smaller_into_the_larger():
     merge, note = SettledEvents(gap=0.1, min_share=0.05).actions(_view(20))
     assert isinstance(merge, MergeClusters) and (merge.target, merge.source) == (1, 0)
-    assert isinstance(note, Note) and "0.050 nats" in note.text
+    assert isinstance(note, Note) and "0.050 nats" in note.text and "not growing" in note.text
+
+
+def test_a_pair_whose_gap_grew_since_the_members_last_took_part_does_not_merge():
+    # before: clusters 0 and 1 at 0.02 apart for their members (now 0.05): separating, not one concept
+    before = [[-1.0, -1.02, -4.0, -5.0], [-1.02, -1.0, -4.0, -5.0], [-1.02, -1.0, -4.0, -5.0],
+              [-4.0, -4.0, -1.0, -5.0]]  # fmt: skip
+    remove, _ = SettledEvents(gap=0.1, min_share=0.05).actions(_view(20, fits_before=before))
+    assert isinstance(remove, RemoveClusters)  # the removal instead: cluster 3's 1.75 %
+
+
+def test_a_client_records_its_mean_minus_loss_per_cluster_and_keeps_the_one_before():
+    events = SettledEvents(gap=0.1, min_share=0.05)
+    context = ctx([0.5, 0.5], num_samples=2)
+    context.extra.update({FITS: t([-0.7, -0.9]), FITS_BEFORE: t([0.0, 0.0]), FITS_TURNS: t(1.0)})
+    losses = t([[0.2, 0.4], [0.6, 1.0]])
+    turn = ClientTurn(None, losses, torch.tensor([0, 1]), None, context)
+    assert events.client(turn) is turn
+    assert torch.equal(context.extra[FITS], t([-0.4, -0.7]))
+    assert torch.equal(context.extra[FITS_BEFORE], t([-0.7, -0.9]))
+    assert float(context.extra[FITS_TURNS]) == 2.0
 
 
 def test_without_a_pair_to_merge_the_smallest_cluster_under_the_share_is_removed_alone():
