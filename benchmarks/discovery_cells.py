@@ -210,6 +210,13 @@ def _counts(values: Sequence[int]) -> str:
     return str(tally[0][0]) if len(tally) == 1 else ", ".join(f"{v} ×{n}" for v, n in tally)
 
 
+def _config_order(config: str) -> tuple[int, str]:
+    """Tables list the configurations in ``CONFIGS`` order, then any a record names that the
+    script no longer runs (an earlier version of one, e.g. ``policy-first``), by name."""
+    names = list(CONFIGS)
+    return (names.index(config), "") if config in names else (len(names), config)
+
+
 def summarise(path: Path) -> str:
     """A markdown table per cell: per configuration and run length, the test global accuracy at the
     last and at the best-validation round (mean ± sd over seeds), how many seeds' last round has
@@ -230,7 +237,7 @@ def summarise(path: Path) -> str:
             "|---|---|---|---|---|---|---|---|",
         ]
         groups = sorted(
-            {(k[1], k[3]) for k in runs if k[0] == cell}, key=lambda g: (g[1], list(CONFIGS).index(g[0]))
+            {(k[1], k[3]) for k in runs if k[0] == cell}, key=lambda g: (g[1], _config_order(g[0]))
         )
         for config, rounds in groups:
             rows = [runs[k] for k in sorted(runs) if k[0] == cell and k[1] == config and k[3] == rounds]

@@ -55,6 +55,11 @@ def test_two_rounds_write_every_field_and_the_summary_prints_the_table(tmp_path,
     assert f"| fedrc3 | 2 | 100 | {record['global_last']:.3f} | {record['global_best']:.3f} |" in table
     assert summarise(out).strip() == table.strip()
 
+    earlier = {**record, "config": "policy-first"}  # a configuration the script no longer runs
+    out.write_text(out.read_text() + json.dumps(earlier) + "\n")
+    rows = [line for line in summarise(out).splitlines() if line.startswith("| ") and "| 2 |" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| fedrc3", "| policy-first"]
+
 
 def test_the_policy_runs_from_six_clusters_and_records_its_models(tmp_path, restore_threads):
     out = tmp_path / "cells.jsonl"
