@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import lightning_fedcluster as lf
 from lightning_fedcluster import (
     CFLStrategy,
+    ConceptDiscovery,
     FedRCStrategy,
     FedSoftStrategy,
 )
@@ -51,12 +52,23 @@ def test_resume_at_round_boundary_equals_uninterrupted_run(small_digits, tmp_pat
         assert torch.equal(value, b.client_state.state_dict()[key]), key
 
 
+class StopAfter(pl.Callback):
+    """Stop the fit after ``rounds`` rounds (Lightning's ``should_stop``), its length unchanged."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch + 1 >= self.rounds:
+            trainer.should_stop = True
+
+
 @pytest.fixture(scope="module")
 def digits():
     return DigitsFederated(num_clients=12, concepts=3, seed=0)
 
 
-@pytest.mark.parametrize("name", ["fedsoft", "fedrc_adam", "cfl"])
+@pytest.mark.parametrize("name", ["fedsoft", "fedrc_adam", "cfl", "fedrc_discovery"])
 def test_resume_is_exact_with_algorithm_state(digits, tmp_path, name):
     def strategy():
         return {
@@ -65,15 +77,22 @@ def test_resume_is_exact_with_algorithm_state(digits, tmp_path, name):
                 3, clients_per_round=5, local_steps=2, config=FedRC.Config(adam_gamma=True),
             ),
             "cfl": lambda: CFLStrategy(3, local_steps=2, eps1=1e6, eps2=1e-6),
+            "fedrc_discovery": lambda: FedRCStrategy(  # placements, streaks and fits in the store
+                5, discovery=ConceptDiscovery(), clients_per_round=6, local_steps=2
+            ),
         }[name]()
 
     straight = make_trainer(strategy(), max_epochs=4, limit_val_batches=0)
     straight.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    # The first run is the same 4-round run stopped after round 2 (the policy's triggers read the
+    # run's length, max_epochs, as an interrupted run keeps it).
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     first = make_trainer(
-        strategy(), max_epochs=2, limit_val_batches=0, enable_checkpointing=True, callbacks=[checkpoint]
-    )
+        strategy(), max_epochs=4, limit_val_batches=0, enable_checkpointing=True,
+        callbacks=[checkpoint, StopAfter(2)],
+    )  # fmt: skip
     first.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    assert first.current_epoch == 2
     resumed = make_trainer(strategy(), max_epochs=4, limit_val_batches=0)
     resumed.fit(MLPClassifier(lr=0.2), datamodule=digits, ckpt_path=str(tmp_path / "last.ckpt"))
     a, b = straight.lightning_module, resumed.lightning_module

@@ -50,7 +50,7 @@ def test_flower_simulation_equals_the_lightning_engine_fedrc(simulated_fedrc):
     "name",
     [
         "fedem", "ifca", "fedavg", "fedrc_shared", "fedsoft", "fedrc_server_adam", "cfl", "fesem", "wecfl",
-        "fedrc_grouping", "fedrc_retire",
+        "fedrc_grouping", "fedrc_retire", "fedrc_discovery",
     ],
 )  # fmt: skip
 def test_flower_apps_equal_the_lightning_engine(name, task_identity):
@@ -71,6 +71,8 @@ def test_flower_apps_equal_the_lightning_engine(name, task_identity):
         assert bool((flower.client_state.extra["group_held"] == 3.0).any())  # grouping.RELEASED
     if name == "fedrc_retire":  # the run must exercise a retirement
         assert 1 <= int(flower.client_state.active.sum()) < 4
+    if name == "fedrc_discovery":  # the placements came from the nodes' reported cluster scores
+        assert bool((flower.client_state.extra["placed_cluster"] >= 0).any())
     if name in ("fesem", "wecfl"):  # the centres came from the nodes' first-round models
         assert float(flower.client_state.extra["centres_ready"]) == 1.0
 

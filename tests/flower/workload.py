@@ -57,6 +57,11 @@ STRATEGIES = {
     "fedrc_retire": lambda: lf.FedRCStrategy(
         4, local_steps=2, config=FedRC.Config(retire_after=1), executor="loop",
     ),
+    # The concept-discovery policy from K = 4: placements from the clients' reported cluster
+    # scores, placed clients' γ ramped towards their cluster, unplaced copies weighed by ω.
+    "fedrc_discovery": lambda: lf.FedRCStrategy(
+        4, discovery=lf.ConceptDiscovery(), local_steps=2, executor="loop",
+    ),
     # One shared feature layer, K heads: the nodes also send the shared layers' update.
     "fedrc_shared": lambda: lf.FedRCStrategy(2, shared_layers=("net.0",), local_steps=2, executor="loop"),
 }  # fmt: skip

@@ -29,6 +29,7 @@ DISTRIBUTED_VARIABLES = {
 STRATEGIES = [
     "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_bf16",
     "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedrc_grouping", "fedrc_retire", "fedem", "dfedem",
+    "fedrc_discovery",
     "ifca",
     "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
 ]  # fmt: skip

@@ -81,6 +81,9 @@ STRATEGIES = {
         config=EVERY_MECHANISM,
         gradient_clip_val=0.5,
     ),
+    "fedrc_discovery": lambda cpr: lf.FedRCStrategy(
+        5, discovery=lf.ConceptDiscovery(), clients_per_round=cpr, local_steps=3
+    ),
     "fedrc_retire": lambda cpr: lf.FedRCStrategy(
         6, clients_per_round=cpr, local_steps=3, config=FedRC.Config(retire_after=1),
     ),
