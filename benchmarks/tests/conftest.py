@@ -13,5 +13,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 BENCHMARKS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCHMARKS))
+
+
+@pytest.fixture
+def threads_restored(monkeypatch):
+    """A script that pins one torch thread and ``OMP_NUM_THREADS`` (``set_threads``) leaves both as
+    they were for the next test."""
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

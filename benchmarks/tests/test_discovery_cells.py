@@ -19,16 +19,7 @@ FIELDS = {
 }  # fmt: skip
 
 
-@pytest.fixture
-def restore_threads(monkeypatch):
-    """The script pins one torch thread and OMP_NUM_THREADS; put both back afterwards."""
-    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_two_rounds_write_every_field_and_the_summary_prints_the_table(tmp_path, capsys, restore_threads):
+def test_two_rounds_write_every_field_and_the_summary_prints_the_table(tmp_path, capsys, threads_restored):
     out = tmp_path / "cells.jsonl"
     arguments = ["--cells", "tabular-mixed", "--configs", "fedrc3", "--seeds", "100", "--rounds", "2"]
     main([*arguments, "--out", str(out)])
@@ -61,7 +52,7 @@ def test_two_rounds_write_every_field_and_the_summary_prints_the_table(tmp_path,
     assert [row.split(" | ")[0] for row in rows] == ["| fedrc3", "| policy-first"]
 
 
-def test_the_policy_runs_from_six_clusters_and_records_its_models(tmp_path, restore_threads):
+def test_the_policy_runs_from_six_clusters_and_records_its_models(tmp_path, threads_restored):
     out = tmp_path / "cells.jsonl"
     arguments = ["--cells", "tabular-one", "--configs", "policy", "--seeds", "100", "--rounds", "3"]
     main([*arguments, "--out", str(out)])

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from discovery_round_cost import RoundClock, main
 
 
-@pytest.fixture
-def restore_threads(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_both_sides_run_and_the_row_holds_their_seconds_and_ratio(capsys, restore_threads):
+def test_both_sides_run_and_the_row_holds_their_seconds_and_ratio(capsys, threads_restored):
     main(["--cells", "tabular-mixed", "--repeats", "1", "--rounds", "8"])
     out = capsys.readouterr().out
     assert out.startswith("machine: ")
