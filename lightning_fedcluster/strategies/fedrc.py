@@ -93,6 +93,8 @@ class FedRCStrategy(FederatedStrategy):
         self.discovery = discovery
         components = None if discovery is None else self._discovery_components(discovery, config)
         self._rule = FedRC(num_clusters, config, components=components)
+        if discovery is not None:  # the checkpoint metadata records it: a resume that changes it is warned
+            self._rule.discovery = repr(discovery)
 
     def _own_config(self, config: FedRCConfig | None) -> FedRCConfig:
         """``config`` with the fields the strategy sets itself; a value of one of those that is

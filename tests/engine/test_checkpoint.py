@@ -313,3 +313,23 @@ def test_a_checkpoint_records_the_rules_options_from_its_config():
     assert config["num_clusters"] == 3 and config["adam_gamma"] is True and config["use_label_stats"] is True
     assert config["label_noise_std"] == (0.1, 0.2) and "config" not in config  # plain values only
     assert algorithm_config(CFL(4, eps1=0.3)) == {"num_clusters": 4, "eps1": 0.3, "eps2": 1.6}
+
+
+def test_a_resume_that_changes_the_discovery_policy_is_warned_and_one_without_it_refused(digits, tmp_path):
+    def strategy(discovery):
+        return FedRCStrategy(4, discovery=discovery, clients_per_round=6, local_steps=2)
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    first = make_trainer(
+        strategy(ConceptDiscovery()), max_epochs=2, limit_val_batches=0, enable_checkpointing=True,
+        callbacks=[checkpoint],
+    )  # fmt: skip
+    first.fit(MLPClassifier(lr=0.2), datamodule=digits)
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)[METADATA_KEY]["config"]
+    assert saved["discovery"] == "ConceptDiscovery(min_share=0.05, gap=0.05)"
+    changed = make_trainer(strategy(ConceptDiscovery(gap=0.1)), max_epochs=3, limit_val_batches=0)
+    with pytest.warns(UserWarning, match=r"discovery: checkpoint .*gap=0.05.* → now .*gap=0.1"):
+        changed.fit(MLPClassifier(lr=0.2), datamodule=digits, ckpt_path=str(tmp_path / "last.ckpt"))
+    plain = make_trainer(strategy(None), max_epochs=3, limit_val_batches=0)
+    with pytest.raises(ValueError, match="client state holds"):
+        plain.fit(MLPClassifier(lr=0.2), datamodule=digits, ckpt_path=str(tmp_path / "last.ckpt"))
