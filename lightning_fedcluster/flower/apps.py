@@ -170,6 +170,18 @@ def server_paths(fast: bool) -> contextlib.AbstractContextManager:
     return quick_server_pulls()
 
 
+def node_runtime(factory: NodeFactory, context: Context) -> NodeRuntime:
+    """This process's runtime of the context's node, built once per run. A module-level function,
+    so that the ClientApp's handlers refer to it by name when Flower's simulation pickles them:
+    the runtimes an earlier run in this process left behind never travel with the app."""
+    key = (context.run_id, context.node_id)
+    for stale in [k for k in _RUNTIMES if k[0] != context.run_id]:
+        del _RUNTIMES[stale]  # one run at a time per process
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = factory.build(dict(context.node_config))
+    return _RUNTIMES[key]
+
+
 def client_app(factory: NodeFactory) -> ClientApp:
     """The ClientApp: ``query.describe`` (the node's clients), ``train`` (one round of its
     sampled clients), ``query.estimate`` (an estimation pass over its clients: FedSoft),
@@ -178,12 +190,7 @@ def client_app(factory: NodeFactory) -> ClientApp:
     app = ClientApp()
 
     def runtime(context: Context) -> NodeRuntime:
-        key = (context.run_id, context.node_id)
-        for stale in [k for k in _RUNTIMES if k[0] != context.run_id]:
-            del _RUNTIMES[stale]  # one run at a time per process
-        if key not in _RUNTIMES:
-            _RUNTIMES[key] = factory.build(dict(context.node_config))
-        return _RUNTIMES[key]
+        return node_runtime(factory, context)
 
     @app.query("describe")
     def describe(message: Message, context: Context) -> Message:
