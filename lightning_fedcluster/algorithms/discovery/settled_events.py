@@ -39,6 +39,7 @@ from lightning_fedcluster.algorithms.discovery.protocol import (
     ClientTurn,
     Component,
     DiscoveryView,
+    client_scores,
     cluster_shares,
 )
 from lightning_fedcluster.algorithms.discovery.signature_trigger import DONE, RUN_SHARE
@@ -98,7 +99,7 @@ class SettledEvents(Component):
         and the one of its participation before, to tell a steady gap from a growing one."""
         extra = turn.context.extra
         extra[FITS_BEFORE] = extra[FITS].clone()
-        extra[FITS] = -turn.losses.to(torch.float64).mean(0)
+        extra[FITS] = client_scores(turn.losses, turn.labels, None)
         extra[FITS_TURNS] = extra[FITS_TURNS] + 1
         return turn
 
