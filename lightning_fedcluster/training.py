@@ -27,6 +27,7 @@ from lightning_fedcluster.engine.checkpoint import (
 )
 from lightning_fedcluster.engine.client import client_context
 from lightning_fedcluster.engine.copies import local_solver
+from lightning_fedcluster.engine.estep_reuse import check_estep_reuse
 from lightning_fedcluster.engine.executors.local import LocalClients, Processes
 from lightning_fedcluster.engine.executors.loop import LoopExecutor
 from lightning_fedcluster.engine.executors.select import choose_executor, chunk_size_for
@@ -152,6 +153,8 @@ class FederatedTraining:
         x, y = datamodule.train_split(0)
         self._choose_threads(host, strategy, x)
         self.executor = choose_executor(self.plan.executor, host, x, y)
+        if self.plan.reuse_estep_forward:
+            check_estep_reuse(self.plan.rule, host.models[0], self.executor)
         self.chunk_size = None
         if self.executor == "vectorized":
             self.chunk_size = chunk_size_for(host, self.plan.clients_per_chunk)
@@ -235,6 +238,7 @@ class FederatedTraining:
             host.copies, self.plan.rule, host.task, host.seed, host.pass_rows, host.batch_size,
             self.plan.local_epochs, self.plan.drop_last, host.device, host.logits_from, classes,
             trainer.precision_plugin.forward_context, self.plan.gradient_clip_val,
+            self.plan.reuse_estep_forward,
         )  # fmt: skip
         # The clients' steps use the torch optimizer Lightning wraps (a round counts one step).
         runtime = ClientRuntime(setup, LocalSolver.plain(host.optimizers().optimizer, self.optimizer_layout))

@@ -33,7 +33,9 @@ class TrainingPlan:
     "reset" or "persist", whose store holds ``optimizer_state_dtype`` ("float32", "bfloat16",
     "float16") in memory, or in a file under ``optimizer_state_dir``; ``server_lr`` and
     ``server_optimizer`` make the server step;
-    ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation;
+    ``executor``, ``clients_per_round`` and ``clients_per_chunk`` shape the simulation, and
+    ``reuse_estep_forward`` lets a client's E-step pass and first local step share one forward
+    (``engine/estep_reuse.py``);
     ``finetune_epochs`` is FedRC-FT's evaluation-time fine-tuning; ``gradient_clip_val`` clips
     each trained copy's gradient before every local step (``engine/gradient_clipping.py``);
     ``precision`` is the Trainer's
@@ -59,6 +61,7 @@ class TrainingPlan:
     clients_per_round: int | None = None
     clients_per_chunk: int | None = None
     num_threads: int | None = None
+    reuse_estep_forward: bool = False
     finetune_epochs: int = 0
     gradient_clip_val: float | None = None
     precision: str = "32-true"

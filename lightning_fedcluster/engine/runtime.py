@@ -64,8 +64,10 @@ class LocalSetup:
     ``local_steps`` cycling, or ``local_epochs`` passes with optional ``drop_last``), where
     the logits are in the models' output (``logits_from``), the rows of the label statistics
     (``num_classes``: the class count, 0 for regression) and the context every forward runs in
-    (``forward_context``: Lightning's precision plugin's, e.g. bfloat16 autocast), and the norm
-    each trained copy's gradient is clipped to before a local step (``gradient_clip_val``)."""
+    (``forward_context``: Lightning's precision plugin's, e.g. bfloat16 autocast), the norm
+    each trained copy's gradient is clipped to before a local step (``gradient_clip_val``), and
+    whether the E-step pass and the first local step share one forward (``reuse_estep_forward``,
+    ``engine/estep_reuse.py``)."""
 
     copies: ClusterCopies
     rule: Algorithm
@@ -80,6 +82,7 @@ class LocalSetup:
     num_classes: int = 0
     forward_context: Callable[[], AbstractContextManager[Any]] = nullcontext
     gradient_clip_val: float | None = None
+    reuse_estep_forward: bool = False
 
     @property
     def models(self) -> nn.ModuleList:

@@ -26,6 +26,7 @@ from torch import Tensor
 from lightning_fedcluster.algorithms.client_state import ClientState, Scope
 from lightning_fedcluster.engine import client_vectors, server_step
 from lightning_fedcluster.engine.client_sampling import local_steps_per_client
+from lightning_fedcluster.engine.estep_reuse import check_estep_reuse
 from lightning_fedcluster.engine.evaluation import client_prediction, score
 from lightning_fedcluster.engine.executors.local import LocalClients, estimation_pass
 from lightning_fedcluster.engine.executors.loop import LoopExecutor
@@ -127,7 +128,10 @@ class NodeRuntime:
             self.copies, plan.rule, self.task, plan.seed, rows,
             datamodule.batch_size, plan.local_epochs, plan.drop_last, torch.device("cpu"),
             clustered.logits_from, self.num_classes, gradient_clip_val=plan.gradient_clip_val,
+            reuse_estep_forward=plan.reuse_estep_forward,
         )  # fmt: skip
+        if plan.reuse_estep_forward:
+            check_estep_reuse(plan.rule, clustered.models[0])
         optimizer = flower_optimizer(clustered.models)
         layout = persistent_layout(clustered.models) if plan.optimizer_state == "persist" else None
         self.solver = LocalSolver.plain(optimizer, layout)

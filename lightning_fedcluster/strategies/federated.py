@@ -79,7 +79,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
     (``LocalTraining``: local_steps, local_epochs, drop_last, finetune_epochs, optimizer_state,
     optimizer_state_dtype, optimizer_state_dir, gradient_clip_val), ``server_update``
     (``ServerUpdate``: server_lr, the server optimizer, max_update_norm) and ``execution``
-    (``Execution``: executor, clients_per_chunk), and builds its ``plan`` from them.
+    (``Execution``: executor, clients_per_chunk, reuse_estep_forward), and builds its ``plan``.
     ``shared_layers`` and ``logits_from`` are kept as ``module_options`` for the ClusteredModule it
     builds around a plain module (they are the module's settings); ``seed`` is the strategy's own.
     A named strategy's rule options live in its rule's ``Config``.
@@ -136,6 +136,11 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             local step is too small to split (the quick start's MLP), else torch's count
             (``engine/threads.py``). With several processes, None keeps Lightning's count (the
             cores divided by the processes, the same in each).
+        reuse_estep_forward: True: a client's first local step forwards its batch once, with
+            gradients, and the E-step reads that forward's losses (a no-grad pass for the other
+            rows): one batch forward less per client and cluster; results differ from False (the
+            default) by float rounding only. Loop executor only; refused with dropout, BatchNorm,
+            FedSoft or D-FedEM; no effect without an E-step pass (FedAvg) (``engine/estep_reuse.py``).
         optimizer_state: "reset" (every client's local optimizer starts afresh each round) or
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
             rounds on the CPU, as the FedRC authors' code does; memory clients × K × parameters
@@ -184,6 +189,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         executor: ExecutorName = "auto",
         clients_per_chunk: int | None = None,
         num_threads: int | None = None,
+        reuse_estep_forward: bool = False,
         optimizer_state: OptimizerStateMode = "reset",
         optimizer_state_dtype: StoreDtypeName = "float32",
         optimizer_state_dir: str | os.PathLike[str] | None = None,
@@ -228,7 +234,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             server_optimizer, server_momentum, server_betas, server_tau
         )
         self.server_update = ServerUpdate(server_lr, server_optimizer_config, max_update_norm)
-        self.execution = Execution(executor, clients_per_chunk, num_threads)
+        self.execution = Execution(executor, clients_per_chunk, num_threads, reuse_estep_forward)
         self.module_options = ModuleOptions(shared_layers, logits_from)
         check_persist_with_shared_layers(optimizer_state, self.module_options.shared_layers)
         clip = self.local_training.gradient_clip_val

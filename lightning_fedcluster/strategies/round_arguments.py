@@ -112,18 +112,27 @@ class ServerUpdate:
 class Execution:
     """How the clients are simulated: the ``executor`` ("auto", "loop" or "vectorized"), the
     clients the vectorised executor trains together (``clients_per_chunk``; None: chosen from
-    the model's size) and torch's intra-op threads during a fit (``num_threads``; None: the
-    engine's choice, ``engine/threads.py``)."""
+    the model's size), torch's intra-op threads during a fit (``num_threads``; None: the
+    engine's choice, ``engine/threads.py``) and whether a client's E-step pass and first local
+    step share one forward (``reuse_estep_forward``, ``engine/estep_reuse.py``)."""
 
     executor: ExecutorName = "auto"
     clients_per_chunk: int | None = None
     num_threads: int | None = None
+    reuse_estep_forward: bool = False
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
         check_positive_int("clients_per_chunk", self.clients_per_chunk, allow_none=True)
         check_positive_int("num_threads", self.num_threads, allow_none=True)
+        if not isinstance(self.reuse_estep_forward, bool):
+            raise TypeError(f"reuse_estep_forward must be True or False, got {self.reuse_estep_forward!r}")
+        if self.reuse_estep_forward and self.executor == "vectorized":
+            raise ValueError(
+                "reuse_estep_forward=True runs on the loop executor only (the vectorized executor takes "
+                "each step's gradient inside one torch.func call): use executor='loop' or 'auto'"
+            )
 
 
 def algorithm_clusters(

@@ -33,6 +33,7 @@ from lightning_fedcluster.engine.client import (
 )
 from lightning_fedcluster.engine.client_sampling import derive_seed, epoch_batch
 from lightning_fedcluster.engine.copies import ClusterCopies, local_optimizer
+from lightning_fedcluster.engine.estep_reuse import OPTION, FirstStep, first_step_rows, reused_pass
 from lightning_fedcluster.engine.executors.local import (
     LocalClients,
     Processes,
@@ -66,7 +67,8 @@ class Copies(Protocol):
 class ClientTurn:
     """One client's turn in progress: its plan (``work``), data, its training metric sums (added
     to the round's once its work is accepted; from its local steps when ``step_metrics``, the turn
-    without the E-step pass), and minibatch permutation per local epoch."""
+    without the E-step pass), minibatch permutation per local epoch, and with
+    ``reuse_estep_forward`` the forward its first local step reuses (``first``, until it runs)."""
 
     work: ClientWork
     x: Tensor
@@ -74,6 +76,7 @@ class ClientTurn:
     metrics: Tensor
     orders: dict[int, Tensor] = field(default_factory=dict)
     step_metrics: bool = False
+    first: FirstStep | None = None
 
 
 def plan_loss(
@@ -86,20 +89,25 @@ def plan_loss(
     size: int,
     anchors: list[list[Tensor]] | None,
     logits: list[Tensor] | None = None,
+    losses: Sequence[Tensor] | None = None,
 ) -> Tensor:
     """The local objective on one minibatch: Σ over the trained copies k of
     (1/B) Σ_j w_jk f(x_j, y_j; θ_k), plus (c/2)‖w_k − θ_anchor‖² per proximal anchor when
     ``anchors`` (the round's global tensors) are given. ``logits``: a list that receives each
-    trained copy's raw outputs (detached), for the training metrics."""
+    trained copy's raw outputs (detached), for the training metrics. ``losses``: each copy k's
+    per-sample losses [B] of this minibatch already forwarded with gradients (``FirstStep``)."""
     total = torch.zeros((), device=module.device)
     for s, k in enumerate(plan.clusters):
         if k not in trained:
             continue
-        out = None
-        if logits is not None:
-            out = forward_logits(module.models[k], x, module.logits_from)
-            logits.append(out.detach())
-        loss = per_sample_loss(module.models[k], x, y, module.task, out, module.logits_from)
+        if losses is not None:
+            loss = losses[k]
+        else:
+            out = None
+            if logits is not None:
+                out = forward_logits(module.models[k], x, module.logits_from)
+                logits.append(out.detach())
+            loss = per_sample_loss(module.models[k], x, y, module.task, out, module.logits_from)
         total = total + (loss if weights is None else weights[:, s] * loss).sum() / size
         if anchors is not None and plan.proximal:
             total = total + proximal_term(module, k, plan.proximal[s], anchors)
@@ -142,12 +150,15 @@ def start_turn(
     slot: int,
     log_label_stats: Tensor | None,
     stored: tuple[Tensor | None, Tensor | None] = (None, None),
+    steps: int = 0,
 ) -> ClientTurn:
     """The round's global weights into the working copies, the client's optimizer state (fresh,
     or ``stored`` (vector, started flags) with a persistent layout), its E-step pass and plan
     (the client contract with one client), and its training metrics (``train_metric_sums``).
     A rule that reads no losses (``LocalSetup.loss_pass``) gets no pass: its plan is the same, and
-    its training metrics come from the local steps (``turn_step``)."""
+    its training metrics come from the local steps (``turn_step``). With
+    ``LocalSetup.reuse_estep_forward`` and ``steps`` > 0 local steps, the pass forwards the first
+    step's rows with gradients and keeps that forward for the step (``engine/estep_reuse.py``)."""
     release_free_heap()  # the last client's freed activations, so the heap cannot fragment and grow
     client, round_index = context.client, context.round_index
     seed_random_layers(derive_seed(setup.seed, round_index, client), setup.device)  # rank-independent
@@ -156,7 +167,13 @@ def start_turn(
         solver.optimizer.state.clear()
     else:
         load_state(solver.optimizer, solver.layout, *stored)
-    if setup.loss_pass:
+    first = rows = None
+    if setup.loss_pass and setup.reuse_estep_forward:
+        order = minibatch_order(setup.seed, round_index, client, x.shape[0]).to(setup.device)
+        rows = first_step_rows(setup, order, steps)
+    if rows is not None:
+        losses, outputs, first = reused_pass(setup, x, y, rows)
+    elif setup.loss_pass:
         losses, outputs = setup.evaluate(x, y)
     else:
         losses, outputs = passless_losses(x.shape[0], setup.device), None
@@ -167,7 +184,8 @@ def start_turn(
         metrics = torch.zeros(3, dtype=torch.float64, device=setup.device)
         return ClientTurn(work, x, y, metrics, {0: work.order}, step_metrics=True)
     weights = prediction_weights_per_row(setup.rule, [work], setup.device)
-    return ClientTurn(work, x, y, train_metric_sums(outputs, y, weights, setup.task), {0: work.order})
+    metrics = train_metric_sums(outputs, y, weights, setup.task)
+    return ClientTurn(work, x, y, metrics, {0: work.order}, first=first)
 
 
 def turn_step(
@@ -181,7 +199,11 @@ def turn_step(
     solver.zero_grad()
     x, y = turn.x[index], turn.y[index]
     logits: list[Tensor] | None = [] if turn.step_metrics else None
-    total = plan_loss(setup, work.plan, work.trained, x, y, weights, index.shape[0], anchors, logits)
+    first, turn.first = turn.first, None
+    if first is not None and (step != 0 or not torch.equal(first.rows, index)):
+        raise RuntimeError(f"{OPTION}: the kept forward is of step 0's rows, not of local step {step}'s")
+    reused = None if first is None else first.losses
+    total = plan_loss(setup, work.plan, work.trained, x, y, weights, index.shape[0], anchors, logits, reused)
     if not bool(torch.isfinite(total)):
         raise non_finite_error(work.context.round_index, work.client, f"at local step {step}")
     if logits:
@@ -240,6 +262,11 @@ def start_personal(
     """When the plan asks (FedSoft), the trained copy starts from the client's personal model,
     stored in ``state`` under ``key`` (the client, or its row in a Flower node's store)."""
     if turn.work.plan.from_personal:
+        if turn.first is not None:
+            raise ValueError(
+                f"{OPTION}=True: the plan of client {turn.work.client} starts from its personal model, "
+                f"not from the global weights its E-step pass forwarded; set {OPTION}=False"
+            )
         clusters = round_state.global_clusters
         client_vectors.load_personal(setup.copies, setup.rule, state, clusters, key, turn.work.context)
 
@@ -304,10 +331,11 @@ class LoopExecutor:
             context = self.clients.context(setup, round_state, row, setup.num_classes)
             stored = (state.optimizer.get(row), state.optimizer_started[row])
             stats = round_state.log_label_stats
-            turn = start_turn(setup, solver, round_state, x, y, context, slot, stats, stored)
+            steps = int(self.clients.steps[row])
+            turn = start_turn(setup, solver, round_state, x, y, context, slot, stats, stored, steps)
             start_personal(setup, turn, round_state, state, row)
         with self.timed("local_training"):
-            for step in range(int(self.clients.steps[row])):
+            for step in range(steps):
                 turn_step(setup, solver, turn, step, round_state.global_clusters)
         with self.timed("aggregation"):
             end_turn(setup, solver, turn, round_state, state)
