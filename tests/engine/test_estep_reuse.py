@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
 import lightning_fedcluster as lf
@@ -30,6 +31,7 @@ from lightning_fedcluster.engine.task import Task
 from lightning_fedcluster.models import MLPClassifier, SmallCNN
 from lightning_fedcluster.strategies.round_arguments import Execution
 from tests.conftest import make_trainer
+from tests.helpers.weights import assert_same_fit
 
 WEIGHTS = {"rtol": 1e-4, "atol": 1e-5}
 
@@ -183,3 +185,25 @@ def test_a_fit_with_a_mode_dependent_model_is_refused_before_training() -> None:
         make_trainer(strategy, max_epochs=1).fit(
             DropoutMLP(), datamodule=DigitsFederated(num_clients=4, seed=0)
         )
+
+
+def test_a_resumed_run_with_the_option_ends_where_the_straight_one_does(tmp_path) -> None:
+    dm = DigitsFederated(num_clients=12, concepts=3, seed=0)
+
+    def run(rounds: int, **options):
+        strategy = lf.FedRCStrategy(3, clients_per_round=4, local_steps=2, seed=3, reuse_estep_forward=True)
+        return make_trainer(strategy, max_epochs=rounds, limit_val_batches=0, **options)
+
+    torch.manual_seed(0)
+    straight = run(4)
+    straight.fit(MLPClassifier(lr=0.2, momentum=0.9), datamodule=dm)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    torch.manual_seed(0)
+    run(2, enable_checkpointing=True, callbacks=[checkpoint]).fit(
+        MLPClassifier(lr=0.2, momentum=0.9), datamodule=dm
+    )
+    torch.manual_seed(0)
+    resumed = run(4)
+    resumed.fit(MLPClassifier(lr=0.2, momentum=0.9), datamodule=dm, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert resumed.current_epoch == 4
+    assert_same_fit(straight, resumed)
