@@ -29,7 +29,7 @@ DISTRIBUTED_VARIABLES = {
 STRATEGIES = [
     "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_bf16",
     "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedrc_grouping", "fedrc_retire", "fedem", "dfedem",
-    "fedrc_discovery",
+    "fedrc_discovery", "fedrc_reuse",
     "ifca",
     "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
 ]  # fmt: skip
@@ -131,6 +131,18 @@ def test_every_strategy_gives_the_same_result_on_two_processes(runs, strategy):
         assert torch.equal(value, second["server_optimizer"][key]), key
     rank0, rank1 = _clients(two / "clients_rank0.json"), _clients(two / "clients_rank1.json")
     assert rank0 and rank1 and not rank0 & rank1
+
+
+def test_the_e_step_forward_reused_trains_on_the_loop_as_the_plain_run_within_tolerance(runs):
+    """``reuse_estep_forward=True`` under "auto" takes the loop executor, and its run (bit-identical
+    on 1 and 2 processes above) is the plain loop run's up to float rounding
+    (``tests/engine/test_estep_reuse.py``)."""
+    for path in runs:
+        assert (path / "fedrc_reuse" / "executor.txt").read_text() == "loop"
+        reused = torch.load(path / "fedrc_reuse" / "result.pt")["weights"]
+        plain = torch.load(path / "fedrc@loop" / "result.pt")["weights"]
+        for key, value in plain.items():
+            torch.testing.assert_close(reused[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_retirement_retired_the_same_clusters_on_both_process_counts(runs):

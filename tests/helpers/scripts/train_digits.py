@@ -94,6 +94,9 @@ STRATEGIES = {
         config=FedRC.Config(reseed_threshold=0.34),
         optimizer_state="persist",
     ),
+    "fedrc_reuse": lambda cpr: lf.FedRCStrategy(
+        3, clients_per_round=cpr, local_steps=3, reuse_estep_forward=True
+    ),
     "fedem": lambda cpr: lf.FedEMStrategy(3, clients_per_round=cpr, local_steps=3),
     "dfedem": lambda cpr: lf.DFedEMStrategy(3, local_steps=3),
     "ifca": lambda cpr: lf.IFCAStrategy(3, clients_per_round=cpr, local_steps=3),
@@ -115,7 +118,9 @@ def train(name: str, executor: str, args: argparse.Namespace, out: str) -> None:
     """Fit strategy ``name`` on the given executor, test it, and write its results under ``out``."""
     recorder = RecordClients()
     strategy = STRATEGIES[name](args.clients_per_round)
-    strategy.execution = Execution(executor, args.clients_per_chunk)  # a frozen group, replaced whole
+    # A frozen group, replaced whole; the run's own reuse_estep_forward is kept.
+    reuse = strategy.execution.reuse_estep_forward
+    strategy.execution = Execution(executor, args.clients_per_chunk, None, reuse)
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="cpu",
