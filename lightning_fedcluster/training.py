@@ -154,7 +154,7 @@ class FederatedTraining:
         self._choose_threads(host, strategy, x)
         self.executor = choose_executor(self.plan.executor, host, x, y)
         if self.plan.reuse_estep_forward:
-            check_estep_reuse(self.plan.rule, host.models[0], self.executor)
+            check_estep_reuse(self.plan.rule, host.models[0])
         self.chunk_size = None
         if self.executor == "vectorized":
             self.chunk_size = chunk_size_for(host, self.plan.clients_per_chunk)

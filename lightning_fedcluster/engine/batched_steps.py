@@ -207,6 +207,7 @@ def local_sgd(
     return_state: bool = False,
     gradient_clip_val: float | None = None,
     on_step: Callable[[StepBatch, Tensor], None] | None = None,
+    first_grads: Params | None = None,
 ) -> Params | tuple[Params, Params, Tensor]:
     """Run the local SGD steps of every (client, cluster) pair; returns the final [C, K, ...]
     parameters (``params`` is not modified). ``buffers`` are the K clusters' [K, ...] buffers.
@@ -225,7 +226,8 @@ def local_sgd(
     where it is longer (``engine/gradient_clipping.py``).
 
     ``on_step(batch, logits)``: called after each step's gradients with the step's raw outputs
-    [m, K, B, ...] (detached, before the update), for the training metrics.
+    [m, K, B, ...] (detached, before the update), for the training metrics. ``first_grads``: the
+    first step's gradients [m, K, ...], already taken (``engine/estep_reuse.py``).
     """
     if (proximal is None) != (anchors is None):
         raise ValueError("give proximal coefficients and anchors together")
@@ -252,11 +254,14 @@ def local_sgd(
     started: Tensor | None = None  # [C, K]: pairs whose momentum buffer exists
     if started_init is not None and config.momentum:
         started = started_init.to(next(iter(theta.values())).device).clone()
-    for batch in batches:
+    for index, batch in enumerate(batches):
         # A batch may cover only the first m clients (the rest have run all their steps).
         m = batch.x.shape[0]
         live = {n: p[:m] for n, p in theta.items()}
-        grads = all_pairs(live, buffers, batch.x, batch.y, batch.weights, batch.divisor.to(batch.weights))
+        if index == 0 and first_grads is not None:
+            grads = first_grads
+        else:
+            grads = all_pairs(live, buffers, batch.x, batch.y, batch.weights, batch.divisor.to(batch.weights))
         if on_step is not None:
             grads, logits = grads
             on_step(batch, logits)

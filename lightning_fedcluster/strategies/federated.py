@@ -139,7 +139,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
         reuse_estep_forward: True: a client's first local step forwards its batch once, with
             gradients, and the E-step reads that forward's losses (a no-grad pass for the other
             rows): one batch forward less per client and cluster; results differ from False (the
-            default) by float rounding only. Loop executor only; refused with dropout, BatchNorm,
+            default) by float rounding only. Both executors; refused with dropout, BatchNorm,
             FedSoft or D-FedEM; no effect without an E-step pass (FedAvg) (``engine/estep_reuse.py``).
         optimizer_state: "reset" (every client's local optimizer starts afresh each round) or
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across

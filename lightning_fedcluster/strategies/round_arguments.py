@@ -128,11 +128,6 @@ class Execution:
         check_positive_int("num_threads", self.num_threads, allow_none=True)
         if not isinstance(self.reuse_estep_forward, bool):
             raise TypeError(f"reuse_estep_forward must be True or False, got {self.reuse_estep_forward!r}")
-        if self.reuse_estep_forward and self.executor == "vectorized":
-            raise ValueError(
-                "reuse_estep_forward=True runs on the loop executor only (the vectorized executor takes "
-                "each step's gradient inside one torch.func call): use executor='loop' or 'auto'"
-            )
 
 
 def algorithm_clusters(

@@ -7,8 +7,11 @@ forwards may round differently (another batch size and row order reach other ker
 float32 ulps per loss. That moves γ and ω by about as much and, through the weighted step, the
 weights: a short run is compared with the tolerance the loop and vectorised executors are held to
 (``tests/engine/executors/test_vectorized.py``: weights rtol 1e-4, atol 1e-5; ω atol 1e-5), which
-is the same kind of difference (float summation order). The first step's loss itself is the plain
-turn's, bit for bit, for the same weights (``test_the_first_steps_loss_is_the_fresh_forwards``)."""
+is the same kind of difference (float summation order); on the vectorised executor the first
+step's gradient also comes from autograd instead of ``torch.func.grad``. On the loop executor the
+first step's loss itself is the plain turn's, bit for bit, for the same weights
+(``test_the_first_steps_loss_is_the_fresh_forwards``). A resumed run is exact: the option is a
+pure function of the round's state."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import lightning_fedcluster as lf
 from lightning_fedcluster.algorithms import FedRC
 from lightning_fedcluster.datamodules import DigitsFederated
 from lightning_fedcluster.engine import estep_reuse
-from lightning_fedcluster.engine.executors import loop
+from lightning_fedcluster.engine.executors import loop, vectorized
 from lightning_fedcluster.engine.executors.loop import ClientTurn, batch_index
 from lightning_fedcluster.engine.losses import per_sample_loss
 from lightning_fedcluster.engine.runtime import LocalSetup
@@ -73,10 +76,11 @@ def test_the_reused_pass_is_the_pass_and_keeps_the_first_steps_forward() -> None
         assert torch.equal(kept, per_sample_loss(model, x[rows], y[rows], setup.task))
 
 
-def _fit(model, reuse: bool, executor: str = "loop", rounds: int = 3, images: bool = False):
+def _fit(model, reuse: bool, executor: str = "loop", rounds: int = 3, images: bool = False, **options):
     dm = DigitsFederated(num_clients=12, concepts=3, as_images=images, batch_size=32, seed=0)
+    options = {"local_steps": 2, **options}
     strategy = lf.FedRCStrategy(
-        3, clients_per_round=6, local_steps=2, executor=executor, reuse_estep_forward=reuse
+        3, clients_per_round=6, executor=executor, reuse_estep_forward=reuse, **options
     )
     trainer = make_trainer(strategy, max_epochs=rounds, limit_val_batches=0)
     trainer.fit(model, datamodule=dm)
@@ -132,20 +136,33 @@ def test_the_first_steps_loss_is_the_fresh_forwards(monkeypatch) -> None:
     assert len(checked) == 2 * 6  # step 0 of every turn, not step 1
 
 
-def test_the_loop_with_the_option_equals_the_vectorised_executor() -> None:
-    runs = []
-    for executor, reuse in (("loop", True), ("vectorized", False)):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"local_epochs": 1, "local_steps": None}, {"optimizer_state": "persist"}],
+    ids=["steps", "epochs", "persist"],
+)
+def test_the_vectorised_executor_with_the_option_equals_it_without_and_the_loop_with_it(
+    monkeypatch, options
+) -> None:
+    calls = []
+    monkeypatch.setattr(
+        vectorized, "chunk_reused_pass", lambda *a: calls.append(1) or estep_reuse.chunk_reused_pass(*a)
+    )
+    runs = {}
+    for executor, reuse in (("vectorized", False), ("vectorized", True), ("loop", True)):
         torch.manual_seed(0)
-        runs.append(_fit(MLPClassifier(hidden=(32,), momentum=0.9), reuse=reuse, executor=executor))
-    assert runs[1].executor == "vectorized"
-    _assert_close_runs(runs[1], runs[0])
+        model = MLPClassifier(hidden=(32,), momentum=0.9)
+        runs[executor, reuse] = _fit(model, reuse, executor, clients_per_chunk=4, **options)
+        assert runs[executor, reuse].executor == executor
+    assert len(calls) == 3 * 2  # every chunk (4 and 2 of the 6 clients) of the 3 rounds
+    _assert_close_runs(runs["vectorized", False], runs["vectorized", True])
+    _assert_close_runs(runs["loop", True], runs["vectorized", True])
 
 
-def test_auto_takes_the_loop_executor_with_the_option() -> None:
-    torch.manual_seed(0)
-    assert _fit(MLPClassifier(hidden=(32,)), reuse=False, executor="auto", rounds=1).executor == "vectorized"
-    torch.manual_seed(0)
-    assert _fit(MLPClassifier(hidden=(32,)), reuse=True, executor="auto", rounds=1).executor == "loop"
+def test_the_option_leaves_autos_choice() -> None:
+    for reuse in (False, True):
+        torch.manual_seed(0)
+        assert _fit(MLPClassifier(hidden=(32,)), reuse, "auto", rounds=1).executor == "vectorized"
 
 
 class DropoutMLP(MLPClassifier):
@@ -163,10 +180,6 @@ class NormMLP(MLPClassifier):
 def test_bad_values_and_invalid_uses_are_refused_naming_the_option() -> None:
     with pytest.raises(TypeError, match="reuse_estep_forward must be True or False"):
         lf.FedRCStrategy(3, reuse_estep_forward="yes")
-    with pytest.raises(ValueError, match="reuse_estep_forward=True runs on the loop executor only"):
-        lf.FedRCStrategy(3, executor="vectorized", reuse_estep_forward=True)
-    with pytest.raises(ValueError, match="loop executor only"):
-        estep_reuse.check_estep_reuse(FedRC(3), MLPClassifier(), "vectorized")
     assert Execution(reuse_estep_forward=True).reuse_estep_forward
     for model, layer in ((DropoutMLP(), "net.1"), (NormMLP(), "net.1")):
         with pytest.raises(ValueError, match=rf"has {layer} .*set reuse_estep_forward=False"):

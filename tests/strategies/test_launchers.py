@@ -29,12 +29,12 @@ DISTRIBUTED_VARIABLES = {
 STRATEGIES = [
     "fedrc_options", "fedrc_persist", "fedrc_persist_file", "fedrc_plateau", "fedrc_bf16",
     "fedrc_server_adam", "fedrc_reseed", "fedrc_merge", "fedrc_grouping", "fedrc_retire", "fedem", "dfedem",
-    "fedrc_discovery", "fedrc_reuse",
+    "fedrc_discovery",
     "ifca",
     "fesem", "wecfl", "fedsoft", "cfl", "fedavg", "fedprox",
 ]  # fmt: skip
 EXECUTORS = ["loop", "vectorized"]
-RUNS = [f"fedrc:{executor}" for executor in EXECUTORS] + STRATEGIES
+RUNS = [f"{name}:{executor}" for name in ("fedrc", "fedrc_reuse") for executor in EXECUTORS] + STRATEGIES
 
 
 def _start(devices: int, out: Path, runs: list[str], log: Path) -> subprocess.Popen:
@@ -133,16 +133,19 @@ def test_every_strategy_gives_the_same_result_on_two_processes(runs, strategy):
     assert rank0 and rank1 and not rank0 & rank1
 
 
-def test_the_e_step_forward_reused_trains_on_the_loop_as_the_plain_run_within_tolerance(runs):
-    """``reuse_estep_forward=True`` under "auto" takes the loop executor, and its run (bit-identical
-    on 1 and 2 processes above) is the plain loop run's up to float rounding
-    (``tests/engine/test_estep_reuse.py``)."""
-    for path in runs:
-        assert (path / "fedrc_reuse" / "executor.txt").read_text() == "loop"
-        reused = torch.load(path / "fedrc_reuse" / "result.pt")["weights"]
-        plain = torch.load(path / "fedrc@loop" / "result.pt")["weights"]
-        for key, value in plain.items():
-            torch.testing.assert_close(reused[key], value, rtol=1e-4, atol=1e-5, msg=key)
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_the_e_step_forward_reused_is_exact_on_two_processes_and_near_the_plain_run(runs, executor):
+    """``reuse_estep_forward=True``: the same weights and client store on 1 and 2 processes, and the
+    plain run's weights up to float rounding (``tests/engine/test_estep_reuse.py``)."""
+    one, two = (torch.load(path / f"fedrc_reuse@{executor}" / "result.pt") for path in runs)
+    assert (runs[1] / f"fedrc_reuse@{executor}" / "executor.txt").read_text() == executor
+    for key, value in one["weights"].items():
+        assert torch.equal(value, two["weights"][key]), key
+    for key, value in one["client_state"].items():
+        assert torch.equal(value, two["client_state"][key]), key
+    plain = torch.load(runs[0] / f"fedrc@{executor}" / "result.pt")["weights"]
+    for key, value in plain.items():
+        torch.testing.assert_close(one["weights"][key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_retirement_retired_the_same_clusters_on_both_process_counts(runs):

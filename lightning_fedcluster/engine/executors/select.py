@@ -101,8 +101,6 @@ def vectorized_obstacle(module: TrainingHost) -> str | None:
             f"precision={module.plan.precision!r}: torch.func's vmap runs the no-grad E-step pass "
             "without autocast, so the pass would be float32 where the loop executor's is bfloat16"
         )
-    if module.plan is not None and module.plan.reuse_estep_forward:
-        return "reuse_estep_forward=True runs on the loop executor only (engine/estep_reuse.py)"
     if module.shared_layers:
         return "shared_layers (one extractor tied across the K copies) cannot be stacked per client"
     if rule.capabilities.personal_models:

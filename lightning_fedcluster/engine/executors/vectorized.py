@@ -8,6 +8,7 @@ up to floating-point summation order."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -37,6 +38,7 @@ from lightning_fedcluster.engine.client import (
     train_metric_sums,
 )
 from lightning_fedcluster.engine.client_sampling import batches_per_epoch
+from lightning_fedcluster.engine.estep_reuse import ChunkModels, FirstChunkStep, chunk_reused_pass
 from lightning_fedcluster.engine.executors.local import (
     LocalClients,
     Processes,
@@ -112,8 +114,16 @@ class VectorizedExecutor:
         k_total = setup.copies.num_clusters
         with self.timed("e_step"):
             params, buffers = self.round_models(round_index)
-            outputs = weights = step_sums = None
-            if setup.loss_pass:
+            outputs = weights = step_sums = first = None
+            if setup.loss_pass and setup.reuse_estep_forward:
+                orders = [minibatch_order(setup.seed, round_index, int(self.clients.ids[r]), int(n))
+                          for r, n in zip(rows, local_offsets.diff().tolist(), strict=True)]  # fmt: skip
+                models = ChunkModels(self.template, self.eval_template, params, buffers, self.loss_fn,
+                                     self.select, self.stacked_pass_rows)  # fmt: skip
+                steps = self.clients.steps[rows]
+                losses, raw, first = chunk_reused_pass(setup, models, x, y, local_offsets, orders, steps)
+                outputs = torch.stack([model_outputs(raw[k], setup.task) for k in range(k_total)])
+            elif setup.loss_pass:
                 losses, raw = cluster_losses(
                     self.eval_template,
                     params,
@@ -136,7 +146,7 @@ class VectorizedExecutor:
         with self.timed("local_training"):
             steps = self.clients.steps[rows]
             trained = self.train_chunk(
-                round_state, works, x, y, local_offsets, steps, params, buffers, step_sums
+                round_state, works, x, y, local_offsets, steps, params, buffers, step_sums, first
             )
             theta, optimizer = trained
             finite = torch.stack([torch.isfinite(t.flatten(2)).all(2) for t in theta.values()]).all(0).all(1)
@@ -176,11 +186,13 @@ class VectorizedExecutor:
         params: dict[str, Tensor],
         buffers: dict[str, Tensor],
         step_sums: Tensor | None = None,
+        first: FirstChunkStep | None = None,
     ) -> tuple[dict[str, Tensor], tuple[dict[str, Tensor], Tensor] | None]:
         """Every (client, trained copy) pair's local SGD steps; returns θ [C, K, ...] and, with a
         persistent optimizer layout, the momentum buffers [C, K, ...] and started flags [C, K]
         (stored by the caller for the clients whose work is accepted). ``step_sums`` [C, 3]: the
-        clients' training metric sums, added to from every local step (one model, copy 0)."""
+        clients' training metric sums, added to from every local step (one model, copy 0).
+        ``first``: the first step's forward, kept by the E-step pass (``reuse_estep_forward``)."""
         setup, solver = self.runtime.setup, self.runtime.solver
         k_total = setup.copies.num_clusters
         weights = torch.zeros(y.shape[0], k_total, device=setup.device)
@@ -202,6 +214,12 @@ class VectorizedExecutor:
                 x, y, weights, local_offsets, self.epoch_orders(works, steps),
                 steps, setup.batch_size, setup.drop_last, trained,
             )  # fmt: skip
+        first_grads = None
+        if first is not None:  # the first step's gradient from the kept forward, for its weights
+            batches = iter(batches)
+            head = next(batches)
+            first_grads = first.gradients(head)
+            batches = itertools.chain([head], batches)
         uses_proximal = bool(proximal.any())
         layout = solver.layout
         momentum, started = None, None
@@ -222,6 +240,7 @@ class VectorizedExecutor:
             return_state=layout is not None,
             gradient_clip_val=setup.gradient_clip_val,
             on_step=None if step_sums is None else self.step_metrics(step_sums),
+            first_grads=first_grads,
         )
         if layout is None:
             return result, None
