@@ -136,11 +136,10 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             local step is too small to split (the quick start's MLP), else torch's count
             (``engine/threads.py``). With several processes, None keeps Lightning's count (the
             cores divided by the processes, the same in each).
-        reuse_estep_forward: True: a client's first local step forwards its batch once, with
-            gradients, and the E-step reads that forward's losses (a no-grad pass for the other
-            rows): one batch forward less per client and cluster; results differ from False (the
-            default) by float rounding only. Both executors; refused with dropout, BatchNorm,
-            FedSoft or D-FedEM; no effect without an E-step pass (FedAvg) (``engine/estep_reuse.py``).
+        reuse_estep_forward: True: the first local step's forward of its batch (with gradients)
+            also gives the E-step those rows' losses: one batch forward less per client and
+            cluster, results within float rounding of False (the default); pays on the loop
+            executor. Refused with dropout, BatchNorm, FedSoft, D-FedEM (``engine/estep_reuse.py``).
         optimizer_state: "reset" (every client's local optimizer starts afresh each round) or
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
             rounds on the CPU, as the FedRC authors' code does; memory clients × K × parameters
