@@ -138,7 +138,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             cores divided by the processes, the same in each).
         reuse_estep_forward: True: the first local step's forward of its batch (with gradients)
             also gives the E-step those rows' losses: one batch forward less per client and
-            cluster, results within float rounding of False (the default); pays on the loop
+            cluster, results within float rounding of False (the default); pays most on the loop
             executor. Refused with dropout, BatchNorm, FedSoft, D-FedEM (``engine/estep_reuse.py``).
         optimizer_state: "reset" (every client's local optimizer starts afresh each round) or
             "persist" (each (client, cluster) optimizer state, e.g. SGD momentum, is kept across
