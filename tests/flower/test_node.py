@@ -15,6 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import lightning_fedcluster as lf
 from lightning_fedcluster.algorithms import FedRC
+from lightning_fedcluster.engine import estep_reuse
+from lightning_fedcluster.engine.executors import loop
 from lightning_fedcluster.flower import FlowerApps, records
 from tests.flower import workload
 from tests.flower.local_grid import partitions, run_local
@@ -128,7 +130,9 @@ def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
         (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy (DFedEM) is not supported on Flower yet: it mixes"),
         (
             lambda: lf.FedRCStrategy(
-                3, config=FedRC.Config(reseed_threshold=0.05), optimizer_state="persist",
+                3,
+                config=FedRC.Config(reseed_threshold=0.05),
+                optimizer_state="persist",
             ),
             "reseed_threshold with optimizer_state='persist'",
         ),
@@ -233,3 +237,37 @@ def test_a_run_says_it_overwrites_an_earlier_runs_save_path(task_identity, caplo
     with caplog.at_level(logging.WARNING, logger="lightning_fedcluster.flower"):
         run_local(fedavg_apps(num_rounds=1, save_path=str(saved)), partitions(2))
     assert f"save-path {saved} exists (an earlier run's); this run overwrites it" in caplog.text
+
+
+def test_nodes_train_with_the_e_step_forward_reused_as_without_it_and_refuse_dropout(
+    task_identity, monkeypatch
+):
+    """``reuse_estep_forward=True`` reaches the nodes' loop executor: the run's weights are the
+    plain run's within float tolerance (``tests/engine/test_estep_reuse.py``), and a node whose
+    model has dropout refuses it, naming the option."""
+    calls = []
+    monkeypatch.setattr(loop, "reused_pass", lambda *a: calls.append(1) or estep_reuse.reused_pass(*a))
+
+    def apps(reuse: bool, module=workload.make_module) -> FlowerApps:
+        def strategy() -> lf.FedRCStrategy:
+            return lf.FedRCStrategy(
+                3, clients_per_round=4, local_steps=2, optimizer_state="persist", reuse_estep_forward=reuse
+            )
+
+        return FlowerApps(strategy, module, workload.make_datamodule, num_rounds=workload.ROUNDS)
+
+    plain, _ = run_local(apps(False), partitions(2))
+    assert not calls
+    reused, _ = run_local(apps(True), partitions(2))
+    assert len(calls) == workload.ROUNDS * 4  # every client turn on the nodes
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(reused.state_dict()[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+    def dropout_module() -> torch.nn.Module:
+        module = workload.make_module()
+        module.net = torch.nn.Sequential(torch.nn.Dropout(0.1), module.net)
+        return module
+
+    refused = r"rejected the run: ValueError: .* has net\.0 .*reuse_estep_forward=False"
+    with pytest.raises(RuntimeError, match=refused):
+        run_local(apps(True, dropout_module), partitions(2))
