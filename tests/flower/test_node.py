@@ -130,9 +130,7 @@ def test_a_node_running_another_k_than_the_server_stops_the_run(task_identity):
         (lambda: lf.DFedEMStrategy(2), "DFedEMStrategy (DFedEM) is not supported on Flower yet: it mixes"),
         (
             lambda: lf.FedRCStrategy(
-                3,
-                config=FedRC.Config(reseed_threshold=0.05),
-                optimizer_state="persist",
+                3, config=FedRC.Config(reseed_threshold=0.05), optimizer_state="persist",
             ),
             "reseed_threshold with optimizer_state='persist'",
         ),
