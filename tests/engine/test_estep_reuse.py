@@ -200,11 +200,14 @@ def test_a_fit_with_a_mode_dependent_model_is_refused_before_training() -> None:
         )
 
 
-def test_a_resumed_run_with_the_option_ends_where_the_straight_one_does(tmp_path) -> None:
+@pytest.mark.parametrize("executor", ["loop", "vectorized"])
+def test_a_resumed_run_with_the_option_ends_where_the_straight_one_does(tmp_path, executor) -> None:
     dm = DigitsFederated(num_clients=12, concepts=3, seed=0)
 
     def run(rounds: int, **options):
-        strategy = lf.FedRCStrategy(3, clients_per_round=4, local_steps=2, seed=3, reuse_estep_forward=True)
+        strategy = lf.FedRCStrategy(
+            3, clients_per_round=4, local_steps=2, seed=3, executor=executor, reuse_estep_forward=True
+        )
         return make_trainer(strategy, max_epochs=rounds, limit_val_batches=0, **options)
 
     torch.manual_seed(0)
@@ -218,5 +221,5 @@ def test_a_resumed_run_with_the_option_ends_where_the_straight_one_does(tmp_path
     torch.manual_seed(0)
     resumed = run(4)
     resumed.fit(MLPClassifier(lr=0.2, momentum=0.9), datamodule=dm, ckpt_path=str(tmp_path / "last.ckpt"))
-    assert resumed.current_epoch == 4
+    assert resumed.current_epoch == 4 and resumed.lightning_module.executor == executor
     assert_same_fit(straight, resumed)
