@@ -18,7 +18,8 @@ Cells (``CELLS``; the data and models are ``_discovery_data.py``'s):
 Configurations (``CONFIGS``): ``fedavg``; ``fedrc3`` the paper's FedRC at the true K
 (``FedRCStrategy(3)``); ``fedrc6`` (``FedRCStrategy(6)``); ``ifca3`` (``IFCAStrategy(3)``);
 ``policy``, ``FedRCStrategy(6, discovery=ConceptDiscovery())`` (the concept-discovery policy with
-its defaults, the same object on every cell).
+its defaults, the same object on every cell); ``fedem3`` (``FedEMStrategy(3)``) and ``fedem-policy``
+(``FedEMStrategy(6, discovery=ConceptDiscovery())``).
 
 Each run validates every round and keeps the checkpoint of the best validation global accuracy;
 its line holds the test global accuracy and the concept ARI of the clients' largest ω at the last
@@ -59,6 +60,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_fedcluster import (
     ConceptDiscovery,
     FedAvgStrategy,
+    FedEMStrategy,
     FederatedDataModule,
     FedRCStrategy,
     IFCAStrategy,
@@ -107,6 +109,8 @@ CONFIGS: dict[str, Callable[..., Any]] = {
     "fedrc6": lambda **recipe: FedRCStrategy(6, **recipe),
     "ifca3": lambda **recipe: IFCAStrategy(3, **recipe),
     "policy": lambda **recipe: FedRCStrategy(6, discovery=ConceptDiscovery(), **recipe),
+    "fedem3": lambda **recipe: FedEMStrategy(3, **recipe),
+    "fedem-policy": lambda **recipe: FedEMStrategy(6, discovery=ConceptDiscovery(), **recipe),
 }
 
 

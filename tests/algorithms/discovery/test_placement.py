@@ -83,6 +83,25 @@ def test_a_grouped_client_is_held_against_its_fit_until_it_confirms_or_its_turns
     assert values[PLACED][0] == 0.0  # the hold ran out: it moves to its fit
 
 
+def test_a_placed_client_moves_only_to_a_cluster_that_fits_it_better_in_absolute_terms():
+    # client 0 is placed (confirmed) on cluster 0 and its relative fit has pointed to cluster 1
+    # once before. Cluster medians: -0.65 (0) and -3.0 (1). Relative to them client 0 fits
+    # cluster 1 by 2.25 nats, but its own score on cluster 1 (-1.1) is below its score on its
+    # own cluster (-1.0): it stays. With -0.9 on cluster 1 it moves.
+    placed = {PLACED: [0.0, -1, -1, -1], PLACED_AT: [2.0, -1, -1, -1], CONFIRMED: [1.0, 0, 0, 0],
+              CANDIDATE: [1.0, -1, -1, -1], STREAK: [1.0, 0, 0, 0]}  # fmt: skip
+    for own_on_one, expected in ((-1.1, 0.0), (-0.9, 1.0)):
+        view, state = _view(extra=placed)
+        state.extra[CLUSTER_SCORES] = t([[-1.0, own_on_one], [-0.5, -3.0], [-0.6, -3.0], [-0.7, -3.0]])
+        values = _set(Placement(margin=0.5).actions(view))
+        assert values[STREAK][0] == 2.0  # the relative fit pointed to cluster 1 twice in a row
+        assert values[PLACED][0] == expected
+    # an unplaced client with the same scores is placed by the relative fit alone
+    view, state = _view(extra={CANDIDATE: [1.0, -1, -1, -1], STREAK: [1.0, 0, 0, 0]})
+    state.extra[CLUSTER_SCORES] = t([[-1.0, -1.1], [-0.5, -3.0], [-0.6, -3.0], [-0.7, -3.0]])
+    assert _set(Placement(margin=0.5).actions(view))[PLACED][0] == 1.0
+
+
 def test_a_placed_client_ramps_to_one_hot_then_trains_its_cluster_alone():
     gamma = t([[0.5, 0.5], [0.9, 0.1]])
     report = placed_report(gamma, torch.tensor([0, 1]), 1, 0.25, 2)
