@@ -91,6 +91,18 @@ def epoch_batch(step: int, num_samples: int, batch_size: int, drop_last: bool) -
     return epoch, start, min(start + batch_size, num_samples)
 
 
+def step_rows(order: Tensor, step: int, batch_size: int, by_epochs: bool, drop_last: bool) -> Tensor:
+    """The rows of local step ``step`` from ``order``, the permutation of the step's epoch
+    (``by_epochs``: ``epoch_batch``'s slice, the last one partial unless ``drop_last``) or of the
+    round (batches of min(B, N) rows cycling through it)."""
+    n = order.shape[0]
+    if not by_epochs:
+        size = min(batch_size, n)
+        return order[(step * size + torch.arange(size, device=order.device)) % n]
+    _, start, stop = epoch_batch(step, n, batch_size, drop_last)
+    return order[start:stop]
+
+
 def schedule_for(
     rule: Any,
     datamodule: Any,

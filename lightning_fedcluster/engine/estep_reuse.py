@@ -30,7 +30,7 @@ from torch.func import functional_call, vmap
 
 from lightning_fedcluster.algorithms.base import Algorithm
 from lightning_fedcluster.engine.batched_steps import LossFn, Select, StepBatch, cluster_losses
-from lightning_fedcluster.engine.client_sampling import epoch_batch
+from lightning_fedcluster.engine.client_sampling import step_rows
 from lightning_fedcluster.engine.losses import model_outputs, per_sample_loss
 from lightning_fedcluster.engine.outputs import forward_logits
 from lightning_fedcluster.engine.runtime import LocalSetup
@@ -74,14 +74,10 @@ def check_estep_reuse(rule: Algorithm, model: nn.Module) -> None:
 def first_step_rows(setup: LocalSetup, order: Tensor, steps: int) -> Tensor | None:
     """The rows of a turn's local step 0 (``loop.batch_index`` at step 0) from its epoch-0
     permutation ``order``; None when the turn runs no step or the step has no rows."""
-    n = order.shape[0]
-    if steps <= 0 or n == 0:
+    if steps <= 0 or order.shape[0] == 0:
         return None
-    if setup.local_epochs is None:
-        size = min(setup.batch_size, n)
-        return order[torch.arange(size, device=order.device) % n]
-    _, start, stop = epoch_batch(0, n, setup.batch_size, setup.drop_last)
-    return order[start:stop] if stop > start else None
+    rows = step_rows(order, 0, setup.batch_size, setup.local_epochs is not None, setup.drop_last)
+    return rows if rows.numel() else None
 
 
 @dataclass

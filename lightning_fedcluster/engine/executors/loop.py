@@ -31,7 +31,7 @@ from lightning_fedcluster.engine.client import (
     step_metric_sums,
     train_metric_sums,
 )
-from lightning_fedcluster.engine.client_sampling import derive_seed, epoch_batch
+from lightning_fedcluster.engine.client_sampling import derive_seed, epoch_batch, step_rows
 from lightning_fedcluster.engine.copies import ClusterCopies, local_optimizer
 from lightning_fedcluster.engine.estep_reuse import OPTION, FirstStep, first_step_rows, reused_pass
 from lightning_fedcluster.engine.executors.local import (
@@ -217,15 +217,15 @@ def batch_index(setup: LocalSetup, turn: ClientTurn, step: int) -> Tensor:
     """The rows of local step ``step``: with ``local_epochs``, the step's batch of its epoch's
     permutation (partial last batch, reshuffled each epoch); with ``local_steps``, batches of
     min(B, N) rows cycling through the round's permutation."""
-    work, n, batch = turn.work, turn.x.shape[0], setup.batch_size
-    if setup.local_epochs is None:
-        size = min(batch, n)
-        return work.order[(step * size + torch.arange(size, device=setup.device)) % n]
-    epoch, start, stop = epoch_batch(step, n, batch, setup.drop_last)
-    if epoch not in turn.orders:
-        order = minibatch_order(setup.seed, work.context.round_index, work.client, n, epoch)
-        turn.orders[epoch] = order.to(setup.device)
-    return turn.orders[epoch][start:stop]
+    work, n, by_epochs = turn.work, turn.x.shape[0], setup.local_epochs is not None
+    order = work.order
+    if by_epochs:
+        epoch = epoch_batch(step, n, setup.batch_size, setup.drop_last)[0]
+        if epoch not in turn.orders:
+            permutation = minibatch_order(setup.seed, work.context.round_index, work.client, n, epoch)
+            turn.orders[epoch] = permutation.to(setup.device)
+        order = turn.orders[epoch]
+    return step_rows(order, step, setup.batch_size, by_epochs, setup.drop_last)
 
 
 def finish_turn(
