@@ -7,7 +7,6 @@ ClusteredModule does through ``strategy.reduce``. One class serves 1..N processe
 
 from __future__ import annotations
 
-import atexit
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -49,7 +48,11 @@ from lightning_fedcluster.strategies.keywords import init_parameters, reject_unk
 from lightning_fedcluster.strategies.launchers import EnvironmentKeepingLaunch
 from lightning_fedcluster.strategies.module_options import ModuleOptions, clustered_module
 from lightning_fedcluster.strategies.precision import check_precision
-from lightning_fedcluster.strategies.process_faults import exit_status_on_sigterm, process_group_timeout
+from lightning_fedcluster.strategies.process_faults import (
+    destroy_process_group_at_exit,
+    exit_status_on_sigterm,
+    process_group_timeout,
+)
 from lightning_fedcluster.strategies.round_arguments import (
     Execution,
     LocalTraining,
@@ -60,15 +63,6 @@ from lightning_fedcluster.strategies.round_arguments import (
 
 if TYPE_CHECKING:
     from lightning_fedcluster.algorithms.client_state import ClientState
-
-_teardown_registered = False
-
-
-def _destroy_process_group() -> None:
-    """Destroy the default process group while the interpreter is still whole (at exit)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
 
 class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
     """Base of every clustered-FL strategy: the round schedule and the engine's process setup.
@@ -363,10 +357,7 @@ class FederatedStrategy(EnvironmentKeepingLaunch, DDPStrategy):
             self.set_world_ranks()
             return
         super().setup_distributed()
-        global _teardown_registered
-        if dist.is_available() and dist.is_initialized() and not _teardown_registered:
-            atexit.register(_destroy_process_group)
-            _teardown_registered = True
+        destroy_process_group_at_exit()
 
     def on_exception(self, exception: BaseException) -> None:
         """Ctrl-C (KeyboardInterrupt) or SIGTERM during a fit: say how to resume

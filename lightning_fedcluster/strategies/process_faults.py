@@ -1,11 +1,13 @@
-"""How a fit's processes end when something goes wrong: how long one waits for a peer that
-stopped, and the exit status of a fit stopped by SIGTERM."""
+"""How a fit's processes end: how long one waits for a peer that stopped, the exit status of a
+fit stopped by SIGTERM, and the process group torn down before the interpreter exits."""
 
 from __future__ import annotations
 
+import atexit
 import signal
 from datetime import timedelta
 
+import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 # The exit status of a fit stopped by SIGTERM: that of a process killed by it (128 + 15).
@@ -33,3 +35,22 @@ def exit_status_on_sigterm(exception: BaseException) -> None:
     strategies write checkpoints atomically) and resuming from it is exact."""
     if isinstance(exception, SIGTERMException) and not exception.code:
         exception.code = SIGTERM_EXIT_STATUS
+
+
+_teardown_registered = False
+
+
+def _destroy_process_group() -> None:
+    """Destroy the default process group while the interpreter is still whole (at exit)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def destroy_process_group_at_exit() -> None:
+    """Once per process, when a group exists: destroy it at interpreter exit. Lightning registers
+    this only for NCCL; a gloo group left alive at exit can abort the process while the
+    interpreter shuts down, after training finished correctly."""
+    global _teardown_registered
+    if dist.is_available() and dist.is_initialized() and not _teardown_registered:
+        atexit.register(_destroy_process_group)
+        _teardown_registered = True
