@@ -14,6 +14,7 @@ one, one node on Flower) the engine:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -153,10 +154,12 @@ def prepare(
     log_label_stats: Tensor | None,
     seed: int,
     outputs: Tensor | None = None,
+    orders: Sequence[Tensor] | None = None,
 ) -> list[ClientWork]:
     """E-step and local plan of the clients owning rows offsets[c]:offsets[c+1] of ``losses``
     [N, K] (the K global models' per-sample losses) and ``labels``; ``outputs`` [K, N, C] (the
-    models' class probabilities) reach the contexts of a rule with ``ClientOutputs``."""
+    models' class probabilities) reach the contexts of a rule with ``ClientOutputs``. ``orders``:
+    the clients' round permutations (``minibatch_order``) where the caller already drew them."""
     finite = torch.isfinite(losses).all(1)
     if not bool(finite.all()):
         row = int((~finite).nonzero()[0])
@@ -171,7 +174,10 @@ def prepare(
         start, stop = int(offsets[c]), int(offsets[c + 1])
         plan = rule.local_plan(report, context)
         weights = None if plan.sample_weights is None else plan.sample_weights.to(torch.float32)
-        order = minibatch_order(seed, context.round_index, context.client, stop - start)
+        if orders is not None:
+            order = orders[c]
+        else:
+            order = minibatch_order(seed, context.round_index, context.client, stop - start)
         works.append(
             ClientWork(
                 context.client, slot, start, stop, context, report, plan, weights, order,

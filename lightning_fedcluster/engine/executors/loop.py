@@ -167,10 +167,10 @@ def start_turn(
         solver.optimizer.state.clear()
     else:
         load_state(solver.optimizer, solver.layout, *stored)
-    first = rows = None
+    first = rows = orders = None
     if setup.loss_pass and setup.reuse_estep_forward:
-        order = minibatch_order(setup.seed, round_index, client, x.shape[0]).to(setup.device)
-        rows = first_step_rows(setup, order, steps)
+        orders = [minibatch_order(setup.seed, round_index, client, x.shape[0]).to(setup.device)]
+        rows = first_step_rows(setup, orders[0], steps)
     if rows is not None:
         losses, outputs, first = reused_pass(setup, x, y, rows)
     elif setup.loss_pass:
@@ -178,7 +178,9 @@ def start_turn(
     else:
         losses, outputs = passless_losses(x.shape[0], setup.device), None
     offsets = torch.tensor([0, x.shape[0]])
-    (work,) = prepare(setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed, outputs)
+    (work,) = prepare(
+        setup.rule, losses, y, offsets, [context], [slot], log_label_stats, setup.seed, outputs, orders
+    )
     work.order = work.order.to(setup.device)
     if outputs is None:
         metrics = torch.zeros(3, dtype=torch.float64, device=setup.device)

@@ -114,7 +114,7 @@ class VectorizedExecutor:
         k_total = setup.copies.num_clusters
         with self.timed("e_step"):
             params, buffers = self.round_models(round_index)
-            outputs = weights = step_sums = first = None
+            outputs = weights = step_sums = first = orders = None
             if setup.loss_pass and setup.reuse_estep_forward:
                 orders = [minibatch_order(setup.seed, round_index, int(self.clients.ids[r]), int(n))
                           for r, n in zip(rows, local_offsets.diff().tolist(), strict=True)]  # fmt: skip
@@ -140,7 +140,9 @@ class VectorizedExecutor:
                 step_sums = torch.zeros(len(rows), 3, dtype=torch.float64, device=setup.device)
             contexts = [self.clients.context(setup, round_state, row, setup.num_classes) for row in rows]
             stats = round_state.log_label_stats
-            works = prepare(setup.rule, losses, y, local_offsets, contexts, slots, stats, setup.seed, outputs)
+            works = prepare(
+                setup.rule, losses, y, local_offsets, contexts, slots, stats, setup.seed, outputs, orders
+            )
             if outputs is not None:
                 weights = prediction_weights_per_row(setup.rule, works, setup.device)
         with self.timed("local_training"):
