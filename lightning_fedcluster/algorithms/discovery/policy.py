@@ -5,7 +5,10 @@ Two numbers, each meaningful without knowing the run:
 - ``min_share``: the smallest share of the rows a concept must hold to keep a model of its own
   (a cluster below it is removed);
 - ``gap``: the log-likelihood gap, in nats per sample, below which two clusters hold one concept
-  (their members fit both models within it, and no less closely than before: they merge).
+  (their members fit both models within it, and no less closely than before: they merge). Where
+  duplicates stay further apart (label skew, image models), a pair also merges when its gap is
+  under a third of its gap to the nearest other cluster that has specialised, a ratio that does
+  not depend on the data's scale (``settled_events.py``).
 
 Every decision is fired by what the run measures, never by a round number: a client's placement
 when its fit says so (``placement.py``), the K events when the assignments have settled and a
@@ -31,7 +34,8 @@ class ConceptDiscovery:
     Args:
         min_share: the share of the rows, in (0, 0.5), a concept needs for a model of its own.
         gap: nats per sample, > 0: two clusters whose members fit both within it, steadily, are
-            one concept.
+            one concept (as are two within a third of their gap to the nearest specialised
+            other cluster, whatever ``gap``).
     """
 
     min_share: float = 0.05
