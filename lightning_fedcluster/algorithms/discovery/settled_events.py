@@ -26,16 +26,17 @@ each trained by its own clients, drift apart and then hold their gap (0.02–0.0
 one-concept tabular set, 40–120 rounds), while two concepts that are separating start as close
 and then grow apart fast (0.005 → 0.02 → 0.3 nats in three rounds on the mixed rules).
 
-The relative test is for data where two clusters of one concept stay far apart in nats: under
-label skew and on image models each duplicate fits its own clients' rows much better than the
-other (0.2–0.45 nats on the main job, 2–4.5 on digits-28, against 0.02–0.05 on the tabular
-rules), so no absolute ``gap`` serves both. Measured against the nearest third cluster, such a
-pair sat at 0.10–0.34 of that gap, and pairs of settled concepts at 0.42 or more. The third
-cluster must itself have specialised (``SPECIALISED``: its model gives the pair's members' labels
-at most half the probability, ln 2 nats a sample), or an early round, where every gap is small,
-would merge concepts that have not separated yet; and there must be at least ``REFERENCES`` other
-clusters, because with one a single comparison decides (on digits-28 at 40 rounds that merged two
-concepts from three models to two on two of 25 development runs).
+The relative test is for data where two clusters of one concept stay far apart in nats: each
+duplicate has trained on its own clients' rows (and, under label skew, their labels) and fits them
+much better than the other does (0.2–0.45 nats on the main job, 2–4.5 on digits-28, against
+0.02–0.05 on the tabular rules), so no absolute ``gap`` serves both. Measured against the nearest
+third cluster, such a pair sat at 0.10–0.40 of that gap, and pairs of settled concepts at 0.42 or
+more. The third cluster must itself have specialised (``SPECIALISED``: its model gives the pair's
+members' labels at most half the probability their own models do, in geometric mean: ln 2
+nats), or an early round, where every gap is small, would merge concepts that have not separated
+yet; and there must be at least ``REFERENCES`` other clusters, because with one a single
+comparison decides (on digits-28 at 40 rounds that merged two concepts, three models becoming
+two, on development runs).
 """
 
 from __future__ import annotations
