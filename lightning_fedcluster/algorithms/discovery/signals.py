@@ -27,9 +27,10 @@ from lightning_fedcluster.algorithms.signatures import fill_unknown, k_medoids
 
 def silhouette(distances: Tensor, groups: Tensor) -> float:
     """Mean silhouette of ``groups`` [M] on ``distances`` [M, M] (unknown distances count as the
-    largest known). A client alone in its group scores 0 (Rousseeuw's convention); a single group
-    scores 0."""
-    matrix = fill_unknown(distances.to(torch.float64)).cpu()
+    largest known; a distance below 0, the rounding of 1 − cos of two equal rows, counts as 0, or
+    a client's score could leave [−1, 1]). A client alone in its group scores 0 (Rousseeuw's
+    convention); a single group scores 0."""
+    matrix = fill_unknown(distances.to(torch.float64)).clamp_min(0.0).cpu()
     groups = groups.cpu()
     labels = groups.unique()
     if labels.numel() < 2:

@@ -35,6 +35,16 @@ def test_silhouette_of_one_group_and_of_singletons_is_zero() -> None:
     assert silhouette(distances, torch.arange(4)) == 0.0
 
 
+def test_silhouette_stays_within_one_where_rounding_makes_a_distance_negative() -> None:
+    # 1 - cos of equal rows rounds to about -1e-7: client 0's a = -1e-7 and b = 1e-8 gave
+    # s = (b - a) / max(a, b) = 11; read as 0, a = 0 and s = 1
+    distances = torch.tensor(
+        [[0.0, -1e-7, 1e-8, 1e-8], [-1e-7, 0.0, 1e-8, 1e-8], [1e-8, 1e-8, 0.0, -1e-7], [1e-8, 1e-8, -1e-7, 0.0]],
+        dtype=torch.float64,
+    )
+    assert silhouette(distances, torch.tensor([0, 0, 1, 1])) == pytest.approx(1.0)
+
+
 def test_best_partition_measures_the_number_of_groups() -> None:
     groups, score = best_partition(pairs(0.1, 2.0), max_groups=5)
     assert groups.tolist() == [0, 0, 1, 1, 2, 2]
