@@ -47,7 +47,11 @@ def two_way(distances: Tensor, concepts: list[int]) -> dict[str, Any]:
     groups, score = best_partition(distances, 2)
     smaller = int(min(int(groups.sum()), groups.numel() - int(groups.sum())))
     ari = adjusted_rand_score(concepts, groups.tolist()) if len(set(concepts)) > 1 else None
-    return {"silhouette": round(score, 3), "smaller_group": smaller, "ari": None if ari is None else round(ari, 3)}
+    return {
+        "silhouette": round(score, 3),
+        "smaller_group": smaller,
+        "ari": None if ari is None else round(ari, 3),
+    }
 
 
 def client_gradients(model: torch.nn.Module, rows: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
@@ -143,14 +147,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     set_threads(1)
     quiet()
     print(f"machine: {machine()}, torch threads {torch.get_num_threads()}")
-    print("cell           seed round cluster concepts            gradient sil/ARI/smaller   CFL ratio  signature sil/ARI")
+    header = ["cell", " " * 10, "seed round cluster concepts", " " * 11, "gradient sil/ARI/smaller"]
+    print(*header, "  CFL ratio  signature sil/ARI")
     for seed in args.seeds:
         for line in run(args.cell, seed, args.rounds, args.at):
-            g, s = line["gradient"], line["signature"]
+            g, s, mix = line["gradient"], line["signature"], json.dumps(line["concepts"])
             print(
-                f"{line['cell']:<14}{seed:>5}{line['round']:>6}{line['cluster']:>8} {json.dumps(line['concepts']):<20}"
-                f"{g['silhouette']:>8.2f} / {g['ari']!s:>5} / {g['smaller_group']:<6}{line['cfl_ratio']:>10.3f}"
-                f"{s['silhouette']:>10.2f} / {s['ari']!s:>5}"
+                f"{line['cell']:<14}{seed:>5}{line['round']:>6}{line['cluster']:>8} {mix:<20}"
+                f"{g['silhouette']:>8.2f} / {g['ari']!s:>5} / {g['smaller_group']:<6}"
+                f"{line['cfl_ratio']:>10.3f}{s['silhouette']:>10.2f} / {s['ari']!s:>5}"
             )
             if args.out:
                 with args.out.open("a") as handle:
