@@ -192,14 +192,3 @@ def place_clients(
         SetState(PLACED_TURNS, turns),
         SetState(CONFIRMED, confirmed),
     ]
-
-
-def remap_placements(state_extra: dict[str, Tensor], source: int, target: int | None) -> list[ServerAction]:
-    """After cluster ``source`` merges into ``target`` (or is removed: None), its placed clients
-    follow it (or become unplaced)."""
-    placed = state_extra[PLACED].clone()
-    on_source = placed == source
-    if not bool(on_source.any()):
-        return []
-    placed[on_source] = -1.0 if target is None else float(target)
-    return [SetState(PLACED, placed)]
