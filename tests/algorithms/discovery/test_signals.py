@@ -38,8 +38,9 @@ def test_silhouette_of_one_group_and_of_singletons_is_zero() -> None:
 def test_silhouette_stays_within_one_where_rounding_makes_a_distance_negative() -> None:
     # 1 - cos of equal rows rounds to about -1e-7: client 0's a = -1e-7 and b = 1e-8 gave
     # s = (b - a) / max(a, b) = 11; read as 0, a = 0 and s = 1
+    near, far = -1e-7, 1e-8
     distances = torch.tensor(
-        [[0.0, -1e-7, 1e-8, 1e-8], [-1e-7, 0.0, 1e-8, 1e-8], [1e-8, 1e-8, 0.0, -1e-7], [1e-8, 1e-8, -1e-7, 0.0]],
+        [[0.0, near, far, far], [near, 0.0, far, far], [far, far, 0.0, near], [far, far, near, 0.0]],
         dtype=torch.float64,
     )
     assert silhouette(distances, torch.tensor([0, 0, 1, 1])) == pytest.approx(1.0)
