@@ -54,31 +54,33 @@ def two_way(distances: Tensor, concepts: list[int]) -> dict[str, Any]:
     }
 
 
-def client_gradients(model: torch.nn.Module, rows: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
-    """Each client's gradient of its mean cross-entropy at ``model`` [n, P] (float64)."""
-    gradients = []
+def client_gradients(model: torch.nn.Module, rows: Sequence[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Each client's gradient of its mean cross-entropy at ``model`` [n, P] (float64), and from the
+    same forward pass its predicted class probabilities (one [N_i, C] tensor per client)."""
+    gradients, predictions = [], []
     for x, y in rows:
         model.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        logits = model(x)
+        torch.nn.functional.cross_entropy(logits, y).backward()
         gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double())
+        predictions.append(torch.softmax(logits.detach(), -1))
     model.zero_grad()
-    return torch.stack(gradients)
+    return torch.stack(gradients), predictions
 
 
-def cluster_signals(module: Any, concept: Tensor, cluster: int, members: list[int]) -> dict[str, Any]:
+def cluster_signals(
+    module: Any, concept: Tensor, cluster: int, members: list[int], num_classes: int
+) -> dict[str, Any]:
     """One cluster's line: its concept mix and both partitions of its ``members``."""
     model = module.models[cluster].eval()
     rows = [module.split("train", i) for i in members]
-    num_classes = int(max(int(y.max()) for _, y in rows)) + 1
+    gradients, predictions = client_gradients(model, rows)
     signatures, counts = [], []
-    for x, y in rows:
-        with torch.no_grad():
-            predicted = torch.softmax(model(x), -1)[None]
-        means, count = client_signature(predicted, y, torch.tensor([True]), num_classes)
+    for (_, y), predicted in zip(rows, predictions, strict=True):
+        means, count = client_signature(predicted[None], y, torch.tensor([True]), num_classes)
         signatures.append(means)
         counts.append(count)
     concepts = concept[members].tolist()
-    gradients = client_gradients(model, rows)
     signature_d, _ = signature_distances(torch.stack(signatures), torch.stack(counts))
     return {
         "cluster": cluster,
@@ -90,7 +92,7 @@ def cluster_signals(module: Any, concept: Tensor, cluster: int, members: list[in
     }
 
 
-def all_clusters(module: Any, concept: Tensor) -> list[dict[str, Any]]:
+def all_clusters(module: Any, concept: Tensor, num_classes: int) -> list[dict[str, Any]]:
     """``cluster_signals`` of every alive cluster with ``MIN_MEMBERS`` clients or more (the seen
     clients whose largest ω is on it)."""
     state = module.client_state
@@ -99,7 +101,7 @@ def all_clusters(module: Any, concept: Tensor) -> list[dict[str, Any]]:
     for k in state.active.nonzero().flatten().tolist():
         members = (state.seen & (owner == k)).nonzero().flatten().tolist()
         if len(members) >= MIN_MEMBERS:
-            lines.append(cluster_signals(module, concept, k, members))
+            lines.append(cluster_signals(module, concept, k, members, num_classes))
     return lines
 
 
@@ -107,8 +109,8 @@ class SignalsAt(pl.Callback):
     """``all_clusters`` after each round in ``rounds`` (1-based, the aggregated models), the models
     put back in training mode and their gradients cleared, so the run goes on as without it."""
 
-    def __init__(self, rounds: Sequence[int], concept: Tensor) -> None:
-        self.rounds, self.concept = set(rounds), concept
+    def __init__(self, rounds: Sequence[int], concept: Tensor, num_classes: int) -> None:
+        self.rounds, self.concept, self.num_classes = set(rounds), concept, num_classes
         self.lines: list[dict[str, Any]] = []
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -116,7 +118,7 @@ class SignalsAt(pl.Callback):
         if round_number in self.rounds:
             modes = [m.training for m in pl_module.models]
             with torch.enable_grad():
-                lines = all_clusters(pl_module, self.concept)
+                lines = all_clusters(pl_module, self.concept, self.num_classes)
             for m, mode in zip(pl_module.models, modes, strict=True):
                 m.train(mode)
                 m.zero_grad(set_to_none=True)
@@ -128,11 +130,12 @@ def run(cell: str, seed: int, rounds: int, at: Sequence[int] = ()) -> list[dict[
     pl.seed_everything(seed, verbose=False)
     dm, model = CELLS[cell].build(seed)
     strategy = CONFIGS["policy"](**CELLS[cell].recipe, seed=seed)
-    signals = SignalsAt([r for r in at if r < rounds], dm.metadata.concept)
+    signals = SignalsAt([r for r in at if r < rounds], dm.metadata.concept, dm.num_classes)
     trainer = make_trainer(strategy, rounds, validate=False, callbacks=[signals])
     trainer.fit(model, datamodule=dm)
     module = trainer.lightning_module
-    lines = signals.lines + [{"round": rounds, **line} for line in all_clusters(module, dm.metadata.concept)]
+    final = all_clusters(module, dm.metadata.concept, dm.num_classes)
+    lines = signals.lines + [{"round": rounds, **line} for line in final]
     return [{"cell": cell, "seed": seed, "rounds": rounds, **line} for line in lines]
 
 

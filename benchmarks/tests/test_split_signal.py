@@ -24,11 +24,12 @@ def test_each_clients_gradient_is_its_own_mean_loss_gradient():
     with torch.no_grad():
         model.weight.zero_()
     rows = [(torch.tensor([[1.0], [3.0]]), torch.tensor([0, 0])), (torch.tensor([[2.0]]), torch.tensor([1]))]
-    gradients = client_gradients(model, rows)
+    gradients, predictions = client_gradients(model, rows)
     # zero weights: softmax (1/2, 1/2); d loss / d w_c = mean_j (p_c - [y_j = c]) x_j
     assert torch.allclose(gradients[0], torch.tensor([-1.0, 1.0], dtype=torch.float64))  # mean x = 2
     assert torch.allclose(gradients[1], torch.tensor([1.0, -1.0], dtype=torch.float64))
     assert model.weight.grad is None or not model.weight.grad.any()
+    assert all(torch.allclose(p, torch.full_like(p, 0.5)) for p in predictions)  # the same forward's softmax
 
 
 def test_measuring_during_the_run_leaves_the_run_unchanged(threads_restored):
