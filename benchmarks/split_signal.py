@@ -30,6 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from _common import make_trainer, quiet, set_threads
+from _discovery_data import append_record
 from discovery_cells import CELLS, CONFIGS, machine
 from sklearn.metrics import adjusted_rand_score
 from torch import Tensor
@@ -160,9 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{g['silhouette']:>8.2f} / {g['ari']!s:>5} / {g['smaller_group']:<6}"
                 f"{line['cfl_ratio']:>10.3f}{s['silhouette']:>10.2f} / {s['ari']!s:>5}"
             )
-            if args.out:
-                with args.out.open("a") as handle:
-                    handle.write(json.dumps({**line, **machine()}) + "\n")
+            append_record(args.out, {**line, **machine()})
 
 
 if __name__ == "__main__":
