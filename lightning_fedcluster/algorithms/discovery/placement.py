@@ -14,11 +14,15 @@ evidence:
 - a client whose best relative fit is on the same cluster in two participations in a row is
   placed there: the repetition, not a size of lead, is the guard against noise (a lead of
   0.01–0.1 nats per sample placed the clients of rule concepts 10–40 rounds later);
-- a placed client moves on the same evidence *and* only if the new cluster fits its rows better
-  than its own does in absolute terms: once the clusters have specialised, the relative fit
-  alone points placed clients back and forth (on digits-28 at 120 rounds one run moved placed
-  clients 188 times, 76 of them to a cluster that fitted them worse, and ended 20 points below
-  its best round);
+- a placed client moves on its own score less *half* the cluster's median over the round's clients
+  (the same two participations in a row), and only to a cluster whose own score of its rows beats
+  its current cluster's. The fit relative to the others alone points placed clients back and forth
+  once the clusters have specialised (on digits-28 at 120 rounds one run moved placed clients 188
+  times, 76 of them to a cluster that fitted them worse, and ended 20 points below its best round),
+  and it keeps a client on a cluster that fits everyone a little worse (two copies of one concept
+  then both keep clients and never merge). The score itself moves clients to the strongest cluster
+  even when it holds another concept (two concepts merged on digits-28); half the median weighs
+  the client's own lead against the cluster's lead on everyone;
 - while the concept grouping watches the prediction signatures (``signature_trigger.py``) nobody
   is placed: the grouping places first;
 - a placed client's samples all get γ = 1 on its cluster and it trains that copy alone, after a
@@ -60,6 +64,7 @@ STREAK = "place_streak"  # participations in a row its best relative fit was on 
 RAMP = 3  # placed participations over which γ goes from the E-step's to one-hot
 HOLD_TURNS = 10  # a grouped client is held at most this many participations against its fit
 TURNS_IN_A_ROW = 2  # participations in a row a fit must point to a cluster before a placement
+MOVE_MEDIAN_SHARE = 0.5  # a placed client's fit: its score less this share of the cluster's median
 COPY_WEIGHT_STRENGTH = 0.5  # an unplaced client's copy k weighs N_i · ((1 − s) + s · ω_ik)
 
 
@@ -117,6 +122,9 @@ class Placement(Component):
         placed = torch.where((placed >= 0) & alive[placed.clamp_min(0)], placed, torch.full_like(placed, -1))
         scores = state.extra[CLUSTER_SCORES][clients]
         best, margin = fit_margins(scores, alive)
+        placed_best, placed_margin = fit_margins(scores, alive, MOVE_MEDIAN_SHARE)
+        best = torch.where(placed >= 0, placed_best, best)
+        margin = torch.where(placed >= 0, placed_margin, margin)
         pointed = torch.where(margin > self.margin, best, torch.full_like(best, -1))
         previous = extra[CANDIDATE][clients].long()
         streak = torch.where(
@@ -145,7 +153,8 @@ class Placement(Component):
                 Note(
                     f"round {outcome.round_index + 1}: placed {len(moved)} client(s) by their fit "
                     f"(best relative fit, ahead by over {self.margin} nats per sample, in {TURNS_IN_A_ROW} "
-                    f"participations in a row): {dict(zip(moved, targets, strict=True))}"
+                    f"participations in a row; a placed client's fit counts half the medians): "
+                    f"{dict(zip(moved, targets, strict=True))}"
                 )
             )
         return actions

@@ -20,6 +20,7 @@ from lightning_fedcluster.algorithms.discovery.placement import (
     placed_report,
 )
 from lightning_fedcluster.algorithms.discovery.protocol import CLUSTER_SCORES, ClientTurn, DiscoveryView
+from lightning_fedcluster.algorithms.discovery.signals import fit_margins
 from lightning_fedcluster.algorithms.server_view import RoundOutcome, ServerView
 from tests.helpers.algorithms import ctx, t
 
@@ -102,6 +103,27 @@ def test_a_placed_client_moves_only_to_a_cluster_that_fits_it_better_in_absolute
     assert _set(Placement(margin=0.5).actions(view))[PLACED][0] == 1.0
 
 
+def test_a_placed_client_counts_half_the_medians_so_it_joins_a_better_copy_not_a_stronger_concept():
+    # client 0 is placed (confirmed) on cluster 0 and has pointed to cluster 1 once before.
+    placed = {PLACED: [0.0, -1, -1, -1], PLACED_AT: [2.0, -1, -1, -1], CONFIRMED: [1.0, 0, 0, 0],
+              CANDIDATE: [1.0, -1, -1, -1], STREAK: [1.0, 0, 0, 0]}  # fmt: skip
+    # Cluster 1 is a copy of its concept that fits everyone about 0.35 nats better. Medians -1.0
+    # and -0.65: relative to them client 0 fits cluster 0 (0.0 against -0.05), but with half the
+    # medians cluster 1 (-0.7 + 0.325 = -0.375 against -1.0 + 0.5 = -0.5): it moves.
+    copy = [[-1.0, -0.7], [-1.0, -0.6], [-1.2, -0.8], [-0.8, -0.4]]
+    assert fit_margins(t(copy), torch.tensor([True, True]))[0][0] == 0
+    # Cluster 1 serves another concept and fits the other clients 2.7 nats better than cluster 0:
+    # client 0's own score is higher there (-0.8 > -1.0), but with half the medians (-2.95 and
+    # -0.275) cluster 0 leads (0.475 against -0.6625): it stays.
+    stronger = [[-1.0, -0.8], [-3.0, -0.2], [-3.0, -0.3], [-2.9, -0.25]]
+    for scores, expected in ((copy, 1.0), (stronger, 0.0)):
+        view, state = _view(extra=placed)
+        state.extra[CLUSTER_SCORES] = t(scores)
+        values = _set(Placement().actions(view))
+        assert values[PLACED][0] == expected
+        assert values[CANDIDATE][0] == expected
+
+
 def test_a_placed_client_ramps_to_one_hot_then_trains_its_cluster_alone():
     gamma = t([[0.5, 0.5], [0.9, 0.1]])
     report = placed_report(gamma, torch.tensor([0, 1]), 1, 0.25, 2)
@@ -134,5 +156,15 @@ def test_an_unplaced_client_weighs_its_copies_by_omega_at_half_strength():
     base = ClientReport(gamma=gamma, omega=gamma.mean(0), label_sums=gamma)
     turn = placement.client(ClientTurn(base, t([[0.2, 0.3], [0.4, 0.1]]), torch.tensor([0, 1]), None,
                                        ctx([0.5, 0.5], num_samples=2, extra=extra)))  # fmt: skip
+    assert turn.train_clusters is None and turn.report is base
+    assert_close(turn.copy_weights, t([0.85, 0.65]))
+    # a client placed on a cluster that a K event removed since is unplaced again
+    extra[PLACED], extra[PLACED_AT] = (
+        torch.tensor(1.0, dtype=torch.float64),
+        torch.tensor(0.0, dtype=torch.float64),
+    )
+    context = ctx([0.5, 0.5], num_samples=2, extra=extra, active=[True, False])
+    losses = t([[0.2, 0.3], [0.4, 0.1]])
+    turn = placement.client(ClientTurn(base, losses, torch.tensor([0, 1]), None, context))
     assert turn.train_clusters is None and turn.report is base
     assert_close(turn.copy_weights, t([0.85, 0.65]))

@@ -75,6 +75,17 @@ def test_relative_fit_subtracts_each_clusters_median() -> None:
     torch.testing.assert_close(margin, torch.tensor([0.75, 0.75], dtype=torch.float64))
 
 
+def test_a_share_of_the_median_weighs_the_score_against_the_clusters_lead() -> None:
+    scores = torch.tensor([[-1.0, -2.0], [-1.5, -1.0], [-1.2, -1.6]], dtype=torch.float64)
+    # medians -1.2 and -1.6; half of them: -0.6 and -0.8
+    fit = relative_fit(scores, torch.tensor([True, True]), median_share=0.5)
+    expected = torch.tensor([[-0.4, -1.2], [-0.9, -0.2], [-0.6, -0.8]], dtype=torch.float64)
+    torch.testing.assert_close(fit, expected)
+    best, margin = fit_margins(scores, torch.tensor([True, True]), median_share=0.0)
+    assert best.tolist() == [0, 1, 0]  # the score itself
+    torch.testing.assert_close(margin, torch.tensor([1.0, 0.5, 0.4], dtype=torch.float64))
+
+
 def test_a_model_better_for_everyone_places_nobody() -> None:
     scores = torch.tensor([[-1.0, -3.0], [-1.1, -3.1], [-0.9, -2.9]], dtype=torch.float64)
     _, margin = fit_margins(scores, torch.tensor([True, True]))
