@@ -121,10 +121,8 @@ class Placement(Component):
         alive = state.active
         placed = torch.where((placed >= 0) & alive[placed.clamp_min(0)], placed, torch.full_like(placed, -1))
         scores = state.extra[CLUSTER_SCORES][clients]
-        best, margin = fit_margins(scores, alive)
-        placed_best, placed_margin = fit_margins(scores, alive, MOVE_MEDIAN_SHARE)
-        best = torch.where(placed >= 0, placed_best, best)
-        margin = torch.where(placed >= 0, placed_margin, margin)
+        share = torch.where(placed >= 0, MOVE_MEDIAN_SHARE, 1.0).to(torch.float64)[:, None]
+        best, margin = fit_margins(scores, alive, share)  # placed clients: half the medians
         pointed = torch.where(margin > self.margin, best, torch.full_like(best, -1))
         previous = extra[CANDIDATE][clients].long()
         streak = torch.where(

@@ -83,16 +83,17 @@ def partition_agreement(first: Tensor, second: Tensor) -> float:
     return float(adjusted_rand_score(first.cpu().numpy(), second.cpu().numpy()))
 
 
-def relative_fit(scores: Tensor, active: Tensor, median_share: float = 1.0) -> Tensor:
+def relative_fit(scores: Tensor, active: Tensor, median_share: float | Tensor = 1.0) -> Tensor:
     """Each client's relative fit per alive cluster [n, K]: its mean score under cluster k minus
     ``median_share`` times the median over the n clients of cluster k's score (1: the fit relative
-    to the other clients; 0: the score itself); −inf on dead clusters."""
+    to the other clients; 0: the score itself; a [n, 1] tensor: one share per client); −inf on
+    dead clusters."""
     scores = scores.to(torch.float64)
     centred = scores - median_share * scores.quantile(0.5, dim=0)  # the median (mean of the middle two)
     return torch.where(active.to(scores.device), centred, torch.full_like(centred, -torch.inf))
 
 
-def fit_margins(scores: Tensor, active: Tensor, median_share: float = 1.0) -> tuple[Tensor, Tensor]:
+def fit_margins(scores: Tensor, active: Tensor, median_share: float | Tensor = 1.0) -> tuple[Tensor, Tensor]:
     """Per client: the alive cluster of its best relative fit [n] (``relative_fit`` with
     ``median_share``) and by how much (nats per sample) it beats the second best [n] (+inf with one
     alive cluster)."""
